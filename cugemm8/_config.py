@@ -1,0 +1,537 @@
+"""Kernel-configuration heuristics: pure, deterministic, CPU-only.
+
+:func:`select_config` picks the tile (``block_m`` x ``block_n``), pipeline
+depth, TMA multicast and grid size of the persistent FP8 1D2D kernel for one
+GEMM.  Nothing here imports CuPy or reads the environment; the same inputs
+always give the same :class:`GemmConfig` (the result is ``lru_cache``d).
+``python -m cugemm8._config`` prints the choices for the benchmark shapes.
+
+Hard constraints (checked by :func:`is_legal`; the kernel static-asserts them)
+------------------------------------------------------------------------------
+- ``block_k`` = 128; ``block_m`` in {64, 128, 256}; ``num_math_warpgroups`` =
+  1 for ``block_m`` = 64 else 2; each math warpgroup runs
+  ``waves = block_m // (64 * num_math_warpgroups)`` 64-row sub-tiles.
+- ``block_n`` a multiple of 8 in [8, 256] (WGMMA m64nNk32) that straddles at
+  most two 128-row blocks of B scales: ``block_n <= 128`` or
+  ``gcd(block_n, 128) == block_n - 128`` (136, 144, 160, 192, 256 pass).
+- Registers: ``(waves + 1) * block_n / 2 <= 192`` FP32 values per math thread,
+  so ``block_m`` = 256 needs ``block_n <= 128`` and otherwise ``block_n <= 192``.
+- Shared memory (:func:`smem_size`) ``<= smem_limit``; 3 to 16 stages, and at
+  least 4 unless ``block_m * block_n >= 128 * 192`` (DeepGEMM's newest rule).
+- ``contiguous``: ``block_m`` divides 128 (the per-expert row alignment).
+- Multicast (cluster of 2): on A for every kind, on B for ``normal`` only; the
+  grid is then even.  An unpaired tile of a cluster runs as a phantom.
+- Grid = min(available SMs (even when multicasting), tiles incl. phantoms).
+- ``swizzle_d`` = the largest of 128/64/32 bytes dividing ``block_n * 2``,
+  else 0.
+
+Candidates
+----------
+``block_m`` in (64, 128, 256) ((64, 128) for ``contiguous``) x ``block_n`` in
+:data:`BLOCK_N_CANDIDATES` = 8, 16, 24, ..., 128 (every multiple of 8: narrow
+and "unaligned" tiles such as 16, 56 and 112 are what fills 132 SMs at small
+M), then 144, 160, 192 (above 128 only multiples of 16 that pass the straddle
+rule; 136 is legal but left out, having no D swizzle; 256 passes the
+straddle rule but never the register rule) x multicast in (none, on A, on
+B).  Stages: the largest count that fits, capped at 16.
+
+Cost model
+----------
+Sources: DeepGEMM's generation-1 wave rule (minimise waves = ceil(tiles /
+SMs), then maximise last-wave utilisation) and its generation-3 cost model
+(L2 bytes per tile = K * (BM / cluster_n + BN / cluster_m), L1 bytes, L2
+bandwidth min(64 * SMs, 8e6 / 1300) bytes/cycle, all divided by the fraction
+of SMs busy), see shared/notes/kernel-design.md section 3.11.  We estimate,
+in SM cycles, the critical path of the busiest CTA::
+
+    score  = waves * t_tile,      waves = ceil(executed_tiles / grid)
+    t_tile = (t_compute**4 + t_feed**4) ** (1/4) + C_TILE + BM*BN/64
+
+``executed_tiles`` counts the phantom tiles of unpaired clusters, so the
+wave count (and the last wave's utilisation) is the generation-1 rule made
+continuous: a partly empty last wave costs as much as a full one.  The 4-norm
+is a max that charges for imperfect overlap when compute and feed are close;
+C_TILE + BM*BN/64 is the per-tile B-scale load, syncs and D staging
+(BM*BN*2 bytes through shared memory at 128 B/cycle).
+
+- ``t_compute`` = ceil(K/128) x the largest of, per 128-K block:
+  - tensor: BM*BN/32 cycles (4096 FP8 MAC/cycle/SM, dense peak);
+  - shared memory at 128 B/cycle (generation 3's L1 term): TMA writes
+    128*(BM + BN) bytes and each 64-row sub-tile's 4 WGMMAs read its A rows
+    and all of B, 128*(BM/64)*(64 + BN) bytes.  This term is what makes the
+    wide tiles (256x128, 128x192) win at large M;
+  - one warpgroup's serial chain: per sub-tile 4 WGMMAs of max(BN/2,
+    16 + BN/4) cycles each plus BN/2 FFMA cycles of promotion (x1.25 when the
+    tile can straddle two B-scale blocks, for the per-chunk select), plus C_KB
+    cycles of barrier / scale-read / wgmma-wait latency.  With BM = 64 (one
+    math warpgroup) nothing hides it; with two, one warpgroup's promotion
+    overlaps the other's WGMMAs, hence the max.
+- ``t_feed``: bytes each CTA pulls through L2 per tile, K * (rows_A / share_A +
+  cols_B / share_B), with the real (unpadded) average rows and columns of a
+  tile and share = 2 for the multicast operand (multicast halves its L2
+  traffic), at a per-SM rate of min(64, 6154 / available SMs) bytes/cycle
+  (generation 3's numbers).  The rate is a fixed per-SM share, so fewer busy
+  CTAs move proportionally fewer bytes: this is the "enough CTAs in flight"
+  term, which at M <= 128 (bandwidth-bound) picks the tiling that fills
+  about the SM count with the fewest duplicated bytes (64x16 for
+  (64, 2112, 7168): 132 tiles).  It is further capped by Little's law
+  (stages x stage bytes in flight over LATENCY cycles) and by the SM's ingest
+  port (64 B/cycle on every byte landing in its shared memory).  Duplicated
+  reads of A or B across tiles are paid in full.
+- Multicast (on A for every kind, on B for ``normal``) costs MC_PENALTY (2%)
+  for the lock-step of the two CTAs, and is only considered when the
+  multicast candidate has more than one wave and there are at least
+  MULTICAST_MIN_ROWS (512) rows of work (m, m_sum, or num_groups *
+  expected_m), after DeepGEMM's generation-2 "m >= 512" rule and its
+  generation-3 "no multicast in one wave" rule.  Both sides are scored.
+- The DRAM roof (unique bytes / HBM bandwidth) is the same for every
+  candidate of a shape and so is left out of the ranking.
+
+The constants are rough H200 figures, good for ranking, not for predicting
+times.  Ties (equal score) are broken, in order, by: less padded work
+(executed_tiles * BM * BN), no multicast before multicast, larger BM,
+smaller BN, multicast on A before on B.  ``m == 0`` is scored as ``m == 1``
+(the caller does not launch, but gets a valid config).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import operator
+
+__all__ = [
+    "KINDS", "BLOCK_K", "SMEM_LIMIT", "MAX_STAGES", "BLOCK_M_CANDIDATES",
+    "BLOCK_N_CANDIDATES", "GemmConfig", "select_config", "ranked_configs",
+    "smem_size", "max_stages", "candidate_block_ms", "candidate_block_ns",
+    "swizzle_d_bytes", "is_legal", "make_config", "tile_counts",
+    "format_table", "BENCHMARK_CASES",
+]
+
+KINDS = ("normal", "contiguous", "masked")
+BLOCK_K = 128
+SMEM_LIMIT = 232448          # sm_90 opt-in dynamic shared memory per block
+MAX_STAGES = 16
+MIN_STAGES = 3
+REGISTER_LIMIT = 192         # FP32 accumulator registers per math thread
+BLOCK_M_CANDIDATES = (64, 128, 256)
+BLOCK_N_CANDIDATES = tuple(range(8, 129, 8)) + (144, 160, 192)
+
+# Cost-model constants (SM cycles, bytes); see the module docstring.
+L2_BYTES_PER_CYCLE = 8e6 / 1300     # whole-chip L2 -> SM bandwidth
+SM_BYTES_PER_CYCLE = 64.0           # one SM's ingest port
+LATENCY = 1000.0                    # memory latency for Little's law
+C_KB = 64.0                         # per-K-block barrier/scale/wgmma-wait cost
+C_TILE = 400.0                      # per-tile B-scale load + epilogue syncs
+MC_PENALTY = 0.02                   # multicast lock-step overhead
+OVERLAP_P = 4                       # soft max of compute and feed (imperfect overlap)
+MULTICAST_MIN_ROWS = 512
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _align(x: int, a: int) -> int:
+    return _ceil_div(x, a) * a
+
+
+# ---------------------------------------------------------------------------
+# Derived quantities
+# ---------------------------------------------------------------------------
+
+def smem_size(block_m: int, block_n: int, num_stages: int, k: int) -> int:
+    """Dynamic shared memory (bytes) of the kernel; the kernel static-asserts
+    the same formula::
+
+        align(BM*BN*2, 1024)                        D staging (BF16)
+      + stages * (BM*128 + BN*128 + align(BM*4, 128))  A, B, A scales
+      + align(8 * ceil(K/128), 16)                  B scales, two rows, whole K
+      + 256                                         barriers and misc
+    """
+    return (_align(block_m * block_n * 2, 1024)
+            + num_stages * (block_m * BLOCK_K + block_n * BLOCK_K + _align(block_m * 4, 128))
+            + _align(8 * _ceil_div(k, BLOCK_K), 16)
+            + 256)
+
+
+def _min_stages(block_m: int, block_n: int) -> int:
+    return MIN_STAGES if block_m * block_n >= 128 * 192 else MIN_STAGES + 1
+
+
+def max_stages(block_m: int, block_n: int, k: int, smem_limit: int = SMEM_LIMIT) -> int:
+    """Largest stage count (capped at 16) whose :func:`smem_size` fits, or 0
+    when fewer than the minimum (3, or 4 for tiles under 128x192) fit."""
+    fixed = smem_size(block_m, block_n, 0, k)
+    per_stage = smem_size(block_m, block_n, 1, k) - fixed
+    stages = min(MAX_STAGES, max(0, smem_limit - fixed) // per_stage)
+    return stages if stages >= _min_stages(block_m, block_n) else 0
+
+
+def num_math_warpgroups(block_m: int) -> int:
+    return 1 if block_m == 64 else 2
+
+
+def _waves_per_warpgroup(block_m: int) -> int:
+    return block_m // (64 * num_math_warpgroups(block_m))
+
+
+def swizzle_d_bytes(block_n: int) -> int:
+    """Swizzle of the D staging buffer: largest of 128/64/32 B dividing a BF16
+    row of the tile (``block_n * 2`` bytes), else 0."""
+    for s in (128, 64, 32):
+        if (block_n * 2) % s == 0:
+            return s
+    return 0
+
+
+def _straddle_ok(block_n: int) -> bool:
+    return block_n <= 128 or math.gcd(block_n, 128) == block_n - 128
+
+
+def _registers_ok(block_m: int, block_n: int) -> bool:
+    return (_waves_per_warpgroup(block_m) + 1) * block_n // 2 <= REGISTER_LIMIT
+
+
+def candidate_block_ms(kind: str) -> tuple[int, ...]:
+    """BLOCK_M candidates: (64, 128, 256); (64, 128) for ``contiguous``."""
+    _check_kind(kind)
+    return tuple(bm for bm in BLOCK_M_CANDIDATES if kind != "contiguous" or 128 % bm == 0)
+
+
+def candidate_block_ns(block_m: int | None = None) -> tuple[int, ...]:
+    """BLOCK_N candidates: every multiple of 8 in [8, 128], then 144, 160 and
+    192 (multiples of 16 passing the B-scale straddle rule), restricted by the
+    register rule when ``block_m`` is given (``block_m`` = 256: up to 128)."""
+    if block_m is None:
+        return BLOCK_N_CANDIDATES
+    if block_m not in BLOCK_M_CANDIDATES:
+        raise ValueError(f"block_m must be one of {BLOCK_M_CANDIDATES}, got {block_m!r}")
+    return tuple(bn for bn in BLOCK_N_CANDIDATES if _registers_ok(block_m, bn))
+
+
+# ---------------------------------------------------------------------------
+# The configuration
+# ---------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    """One kernel configuration (see the module docstring for the rules)."""
+    kind: str                 # 'normal' | 'contiguous' | 'masked'
+    block_m: int
+    block_n: int
+    block_k: int              # always 128
+    num_stages: int
+    num_math_warpgroups: int  # 1 for block_m == 64, else 2
+    num_multicast: int        # 1 or 2 (cluster size along x)
+    multicast_on_a: bool      # with num_multicast == 2: A shared (else B)
+    num_sms: int              # grid size (persistent CTAs) to launch
+    swizzle_d: int            # D staging swizzle in bytes: 128, 64, 32 or 0
+    smem_bytes: int           # smem_size(block_m, block_n, num_stages, k)
+
+    def __str__(self) -> str:
+        mc = ""
+        if self.num_multicast == 2:
+            mc = " c2A" if self.multicast_on_a else " c2B"
+        return f"{self.block_m}x{self.block_n} s{self.num_stages}{mc} sms{self.num_sms}"
+
+
+def make_config(kind: str, block_m: int, block_n: int, num_stages: int, k: int, *,
+                num_multicast: int = 1, multicast_on_a: bool = False,
+                num_sms: int = 1) -> GemmConfig:
+    """Build a :class:`GemmConfig` with its derived fields (warpgroups,
+    swizzle, shared memory for ``k``) filled in.  Does not check legality:
+    call :func:`is_legal` on the result."""
+    return GemmConfig(kind=kind, block_m=block_m, block_n=block_n, block_k=BLOCK_K,
+                      num_stages=num_stages,
+                      num_math_warpgroups=num_math_warpgroups(block_m),
+                      num_multicast=num_multicast,
+                      multicast_on_a=bool(multicast_on_a) and num_multicast == 2,
+                      num_sms=num_sms, swizzle_d=swizzle_d_bytes(block_n),
+                      smem_bytes=smem_size(block_m, block_n, num_stages, k))
+
+
+def is_legal(config: GemmConfig | None = None, *, k: int | None = None,
+             available_sms: int | None = None, smem_limit: int = SMEM_LIMIT,
+             **fields) -> tuple[bool, str]:
+    """Check every hard constraint of the kernel on ``config`` (or on a config
+    built from keyword ``fields`` by :func:`make_config`, which then needs
+    ``k``; a ``num_sms`` field is the grid).  With ``k``, ``smem_bytes`` must
+    equal :func:`smem_size`; with ``available_sms``, the grid must not exceed
+    it.
+
+    Returns ``(True, "ok")`` or ``(False, reason)``.
+    """
+    if config is None:
+        if k is None:
+            return False, "k is needed to build a config from fields"
+        try:
+            config = make_config(k=k, **fields)
+        except TypeError as exc:
+            return False, f"bad fields: {exc}"
+    c = config
+    bm, bn = c.block_m, c.block_n
+    ints = ("block_m", "block_n", "block_k", "num_stages", "num_math_warpgroups",
+            "num_multicast", "num_sms", "swizzle_d", "smem_bytes")
+    for name in ints:
+        v = getattr(c, name)
+        if not isinstance(v, int) or isinstance(v, bool):
+            return False, f"{name} must be an int, got {v!r}"
+    if c.kind not in KINDS:
+        return False, f"kind must be one of {KINDS}, got {c.kind!r}"
+    if c.block_k != BLOCK_K:
+        return False, f"block_k must be {BLOCK_K}, got {c.block_k}"
+    if bm not in BLOCK_M_CANDIDATES:
+        return False, f"block_m must be one of {BLOCK_M_CANDIDATES}, got {bm}"
+    if c.kind == "contiguous" and 128 % bm != 0:
+        return False, f"contiguous needs block_m dividing 128, got {bm}"
+    if c.num_math_warpgroups != num_math_warpgroups(bm):
+        return False, (f"num_math_warpgroups must be {num_math_warpgroups(bm)} for "
+                       f"block_m {bm}, got {c.num_math_warpgroups}")
+    if bn % 8 != 0 or not 8 <= bn <= 256:
+        return False, f"block_n must be a multiple of 8 in [8, 256], got {bn}"
+    if not _straddle_ok(bn):
+        return False, f"block_n {bn} straddles more than two 128-row B-scale blocks"
+    if not _registers_ok(bm, bn):
+        return False, (f"{bm}x{bn} needs {(_waves_per_warpgroup(bm) + 1) * bn // 2} "
+                       f"accumulator registers per thread (> {REGISTER_LIMIT})")
+    if not MIN_STAGES <= c.num_stages <= MAX_STAGES:
+        return False, f"num_stages must be in [{MIN_STAGES}, {MAX_STAGES}], got {c.num_stages}"
+    if c.num_stages < _min_stages(bm, bn):
+        return False, f"{bm}x{bn} needs at least {_min_stages(bm, bn)} stages, got {c.num_stages}"
+    if k is not None and c.smem_bytes != smem_size(bm, bn, c.num_stages, k):
+        return False, (f"smem_bytes {c.smem_bytes} != smem_size(...) = "
+                       f"{smem_size(bm, bn, c.num_stages, k)} for k={k}")
+    if k is None and c.smem_bytes < smem_size(bm, bn, c.num_stages, 1):
+        return False, f"smem_bytes {c.smem_bytes} below the formula's minimum"
+    if c.smem_bytes > smem_limit:
+        return False, f"smem_bytes {c.smem_bytes} > limit {smem_limit}"
+    if c.swizzle_d != swizzle_d_bytes(bn):
+        return False, f"swizzle_d must be {swizzle_d_bytes(bn)} for block_n {bn}, got {c.swizzle_d}"
+    if c.num_multicast not in (1, 2):
+        return False, f"num_multicast must be 1 or 2, got {c.num_multicast}"
+    if not isinstance(c.multicast_on_a, bool):
+        return False, f"multicast_on_a must be a bool, got {c.multicast_on_a!r}"
+    if c.num_multicast == 1 and c.multicast_on_a:
+        return False, "multicast_on_a must be False without multicast"
+    if c.num_multicast == 2 and not c.multicast_on_a and c.kind != "normal":
+        return False, f"multicast on B is only legal for kind 'normal', not {c.kind!r}"
+    if c.num_sms < 1:
+        return False, f"num_sms (grid) must be >= 1, got {c.num_sms}"
+    if c.num_multicast == 2 and c.num_sms % 2:
+        return False, f"grid {c.num_sms} must be even with multicast"
+    if available_sms is not None and c.num_sms > available_sms:
+        return False, f"grid {c.num_sms} exceeds the {available_sms} SMs available"
+    return True, "ok"
+
+
+def tile_counts(config: GemmConfig, m: int, n: int, num_groups: int = 1) -> tuple[int, int, int]:
+    """``(tiles, executed_tiles, waves)`` of ``config`` on a problem: real
+    output tiles, tiles the CTAs run including phantoms of unpaired clusters,
+    and ceil(executed / grid).  ``m`` is expected_m for ``masked`` (then
+    ``num_groups`` groups) and m_sum for ``contiguous``."""
+    groups = num_groups if config.kind == "masked" else 1
+    mb = _ceil_div(max(m, 0), config.block_m)
+    nb = _ceil_div(n, config.block_n)
+    executed = _executed_tiles(groups, mb, nb, config.num_multicast, config.multicast_on_a)
+    return groups * mb * nb, executed, _ceil_div(executed, config.num_sms)
+
+
+def _executed_tiles(groups: int, mb: int, nb: int, mc: int, on_a: bool) -> int:
+    """Tiles run, counting phantoms: a cluster pairs adjacent n-blocks of one
+    m-block (multicast on A) or adjacent m-blocks of one n-block (on B)."""
+    if mc == 1:
+        return groups * mb * nb
+    if on_a:
+        return groups * mb * 2 * _ceil_div(nb, 2)
+    return groups * 2 * _ceil_div(mb, 2) * nb
+
+
+# ---------------------------------------------------------------------------
+# Selection
+# ---------------------------------------------------------------------------
+
+def _check_kind(kind) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+
+
+def _as_int(name: str, value) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
+
+
+def _validate(kind, m, n, k, num_groups, num_sms, smem_limit):
+    _check_kind(kind)
+    m, n, k = _as_int("m", m), _as_int("n", n), _as_int("k", k)
+    num_groups, num_sms = _as_int("num_groups", num_groups), _as_int("num_sms", num_sms)
+    smem_limit = _as_int("smem_limit", smem_limit)
+    if m < 0:
+        raise ValueError(f"m must be >= 0, got {m}")
+    if n <= 0:
+        raise ValueError(f"n must be > 0, got {n}")
+    if k <= 0:
+        raise ValueError(f"k must be > 0, got {k}")
+    if num_groups < 1:
+        raise ValueError(f"num_groups must be >= 1, got {num_groups}")
+    if kind == "normal" and num_groups != 1:
+        raise ValueError(f"num_groups must be 1 for kind 'normal', got {num_groups}")
+    if num_sms < 1:
+        raise ValueError(f"num_sms must be >= 1, got {num_sms}")
+    if smem_limit < 1:
+        raise ValueError(f"smem_limit must be > 0, got {smem_limit}")
+    return kind, m, n, k, num_groups, num_sms, smem_limit
+
+
+def _score(kind, bm, bn, stages, mc, on_a, m, n, k, groups, grid, avail_sms) -> tuple[float, int]:
+    """Estimated cycles of the busiest CTA, and the padded work
+    (executed tiles x BM x BN); see the module docstring."""
+    kb = _ceil_div(k, BLOCK_K)
+    mb, nb = _ceil_div(m, bm), _ceil_div(n, bn)
+    executed = _executed_tiles(groups, mb, nb, mc, on_a)
+    waves = _ceil_div(executed, grid)
+
+    # Compute: per 128-K block.
+    sub = _waves_per_warpgroup(bm)
+    t_mma = max(bn / 2, 16 + bn / 4)                       # one m64nBNk32
+    t_promo = bn / 2 * (1.0 if 128 % bn == 0 else 1.25)    # FFMAs, one sub-tile
+    t_chain = sub * (4 * t_mma + t_promo) + C_KB           # one warpgroup, serial
+    t_tensor = bm * bn / 32                                # all MACs at 4096/cycle
+    # Shared memory at 128 B/cycle: TMA writes A and B, each sub-tile's WGMMAs
+    # read its 64 rows of A and all of B.
+    t_smem = (BLOCK_K * (bm + bn) + BLOCK_K * (bm // 64) * (64 + bn)) / 128
+    t_compute = kb * max(t_chain, t_tensor, t_smem)
+
+    # Feed: real rows/columns on average, multicast halves the shared operand.
+    rows, cols = m / mb, n / nb
+    share_a = 2 if mc == 2 and on_a else 1
+    share_b = 2 if mc == 2 and not on_a else 1
+    stage_bytes = BLOCK_K * (rows + cols)
+    rate = min(SM_BYTES_PER_CYCLE, L2_BYTES_PER_CYCLE / avail_sms, stages * stage_bytes / LATENCY)
+    t_feed = max(kb * BLOCK_K * (rows / share_a + cols / share_b) / rate,
+                 kb * stage_bytes / SM_BYTES_PER_CYCLE)
+
+    t_tile = (t_compute ** OVERLAP_P + t_feed ** OVERLAP_P) ** (1 / OVERLAP_P) + C_TILE + bm * bn / 64
+    if mc == 2:
+        t_tile *= 1 + MC_PENALTY
+    return waves * t_tile, executed * bm * bn
+
+
+def _rank(kind, m, n, k, num_groups, num_sms, smem_limit):
+    m_eff = max(m, 1)
+    groups = num_groups if kind == "masked" else 1
+    rows_of_work = m_eff * groups
+    ranked = []
+    for bm in candidate_block_ms(kind):
+        for bn in candidate_block_ns(bm):
+            stages = max_stages(bm, bn, k, smem_limit)
+            if not stages:
+                continue
+            mb, nb = _ceil_div(m_eff, bm), _ceil_div(n, bn)
+            options = [(1, False)]
+            if num_sms >= 2 and rows_of_work >= MULTICAST_MIN_ROWS:
+                options.append((2, True))
+                if kind == "normal":
+                    options.append((2, False))
+            for mc, on_a in options:
+                executed = _executed_tiles(groups, mb, nb, mc, on_a)
+                grid = min(num_sms - num_sms % mc, executed)
+                if mc == 2 and _ceil_div(executed, grid) <= 1:
+                    continue              # multicast only with more than one wave
+                score, work = _score(kind, bm, bn, stages, mc, on_a, m_eff, n, k,
+                                     groups, grid, num_sms)
+                cfg = make_config(kind, bm, bn, stages, k, num_multicast=mc,
+                                  multicast_on_a=on_a, num_sms=grid)
+                key = (score, work, mc, -bm, bn, 0 if on_a else 1)
+                ranked.append((key, cfg))
+    if not ranked:
+        raise ValueError(f"no configuration fits smem_limit={smem_limit} bytes with k={k} "
+                         f"(the B scales of the whole K alone need {_align(8 * _ceil_div(k, 128), 16)})")
+    ranked.sort(key=lambda e: e[0])
+    return tuple((key[0], cfg) for key, cfg in ranked)
+
+
+def ranked_configs(kind: str, m: int, n: int, k: int, *, num_groups: int = 1,
+                   num_sms: int = 132, smem_limit: int = SMEM_LIMIT
+                   ) -> tuple[tuple[float, GemmConfig], ...]:
+    """Every candidate with its estimated cycles, best first (the first is
+    :func:`select_config`'s choice).  For inspection and tests."""
+    return _rank(*_validate(kind, m, n, k, num_groups, num_sms, smem_limit))
+
+
+@functools.lru_cache(maxsize=8192)
+def _select(kind, m, n, k, num_groups, num_sms, smem_limit) -> GemmConfig:
+    return _rank(kind, m, n, k, num_groups, num_sms, smem_limit)[0][1]
+
+
+def select_config(kind: str, m: int, n: int, k: int, *, num_groups: int = 1,
+                  num_sms: int = 132, smem_limit: int = SMEM_LIMIT) -> GemmConfig:
+    """Choose the kernel configuration for one GEMM ``D[m, n] = A[m, k] B[n, k]^T``.
+
+    Arguments:
+        kind: ``'normal'``; ``'contiguous'`` (``m`` = m_sum, all groups'
+            rows stacked, each group padded to 128 rows); ``'masked'`` (``m``
+            = expected_m rows per group, ``num_groups`` groups).
+        m: rows (>= 0; 0 returns a valid config that need not be launched).
+        n, k: output columns and reduction length (> 0).
+        num_groups: groups of a grouped GEMM (must be 1 for ``'normal'``).
+        num_sms: SMs available (the device's count or the user's setting);
+            the config's ``num_sms`` is the grid, never more than this.
+        smem_limit: opt-in shared memory per block in bytes.
+
+    Raises ``ValueError`` naming the argument for impossible values and
+    ``TypeError`` for non-integers.  Deterministic and cached.
+    """
+    return _select(*_validate(kind, m, n, k, num_groups, num_sms, smem_limit))
+
+
+# ---------------------------------------------------------------------------
+# Printing
+# ---------------------------------------------------------------------------
+
+#: The DeepSeek-V3 benchmark shapes (shared/notes/benchmarks.md):
+#: (kind, num_groups, m, n, k) with m = m_sum for contiguous and expected_m
+#: for masked.
+BENCHMARK_CASES = (
+    tuple(("normal", 1, m, n, k)
+          for m in (1, 64, 128, 4096)
+          for n, k in ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384),
+                       (4096, 7168), (7168, 2048), (576, 7168)))
+    + tuple(("contiguous", g, g * mg, n, k)
+            for g, mg, n, k in ((4, 8192, 4096, 7168), (4, 8192, 7168, 2048),
+                                (8, 4096, 4096, 7168), (8, 4096, 7168, 2048)))
+    + tuple(("masked", g, m, n, k)
+            for g, m, n, k in ((1, 1024, 4096, 7168), (1, 1024, 7168, 2048),
+                               (2, 512, 4096, 7168), (2, 512, 7168, 2048),
+                               (4, 256, 4096, 7168), (4, 256, 7168, 2048)))
+)
+
+
+def format_table(cases=BENCHMARK_CASES, *, num_sms: int = 132,
+                 smem_limit: int = SMEM_LIMIT) -> str:
+    """A text table of the choices for ``cases`` of (kind, num_groups, m, n, k):
+    the config, its shared memory, real and executed tiles, waves, and the
+    cost model's score converted at 1.755 GHz (a ranking aid, not a forecast)."""
+    head = ("kind", "G", "m", "n", "k", "config", "smem", "tiles", "exec", "waves", "model_us")
+    rows = []
+    for kind, g, m, n, k in cases:
+        cfg = select_config(kind, m, n, k, num_groups=g, num_sms=num_sms, smem_limit=smem_limit)
+        tiles, executed, waves = tile_counts(cfg, m, n, g)
+        est = ranked_configs(kind, m, n, k, num_groups=g, num_sms=num_sms,
+                             smem_limit=smem_limit)[0][0]
+        rows.append((kind, str(g), str(m), str(n), str(k), str(cfg), str(cfg.smem_bytes),
+                     str(tiles), str(executed), str(waves), f"{est / 1755:.1f}"))
+    widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
+
+    def fmt(r):
+        return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+
+    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
+
+
+if __name__ == "__main__":
+    print(format_table())

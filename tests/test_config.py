@@ -1,0 +1,359 @@
+"""CPU tests of the kernel-configuration heuristics (cugemm8/_config.py).
+
+Run ``pytest tests/test_config.py -s -k table`` to see the choices for the
+benchmark shapes.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings, strategies as st
+
+from cugemm8 import _config as cfgmod
+from cugemm8._config import (
+    BENCHMARK_CASES, SMEM_LIMIT, GemmConfig, candidate_block_ns, format_table,
+    is_legal, make_config, max_stages, ranked_configs, select_config, smem_size,
+    swizzle_d_bytes, tile_counts,
+)
+
+NORMAL_NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384),
+             (4096, 7168), (7168, 2048), (576, 7168))
+NORMAL_CASES = [("normal", 1, m, n, k) for m in (1, 64, 128, 4096) for n, k in NORMAL_NK]
+GROUPED_CASES = [c for c in BENCHMARK_CASES if c[0] != "normal"]
+STR_RE = re.compile(r"^(64|128|256)x\d+ s\d+( c2[AB])? sms\d+$")
+
+
+def check_choice(cfg: GemmConfig, kind, g, m, n, k, num_sms=132, smem_limit=SMEM_LIMIT):
+    """Every hard constraint, re-derived here independently of is_legal."""
+    ok, why = is_legal(cfg, k=k, available_sms=num_sms, smem_limit=smem_limit)
+    assert ok, f"{kind} {g} {m} {n} {k}: {cfg!r}: {why}"
+    bm, bn = cfg.block_m, cfg.block_n
+    assert cfg.kind == kind and cfg.block_k == 128
+    assert bm in (64, 128, 256)
+    if kind == "contiguous":
+        assert 128 % bm == 0
+    assert cfg.num_math_warpgroups == (1 if bm == 64 else 2)
+    waves = bm // (64 * cfg.num_math_warpgroups)
+    assert bn % 8 == 0 and 8 <= bn <= 256
+    assert bn <= 128 or math.gcd(bn, 128) == bn - 128, "B-scale straddle rule"
+    assert (waves + 1) * bn / 2 <= 192, "register rule"
+    assert cfg.smem_bytes == smem_size(bm, bn, cfg.num_stages, k) <= smem_limit
+    assert 3 <= cfg.num_stages <= 16
+    if bm * bn < 128 * 192:
+        assert cfg.num_stages >= 4
+    # the deepest pipeline that fits
+    assert cfg.num_stages == 16 or smem_size(bm, bn, cfg.num_stages + 1, k) > smem_limit
+    assert cfg.num_multicast in (1, 2)
+    if cfg.num_multicast == 1:
+        assert cfg.multicast_on_a is False
+    else:
+        assert cfg.num_sms % 2 == 0
+        assert cfg.multicast_on_a or kind == "normal"
+    tiles, executed, n_waves = tile_counts(cfg, m, n, g)
+    avail = num_sms - num_sms % 2 if cfg.num_multicast == 2 else num_sms
+    assert 1 <= cfg.num_sms <= num_sms
+    if m > 0:
+        assert cfg.num_sms == min(avail, executed)
+    if cfg.num_multicast == 2:
+        assert n_waves > 1, "multicast only with more than one wave"
+        assert m * (g if kind == "masked" else 1) >= 512
+    assert swizzle_d_bytes(bn) == cfg.swizzle_d
+    assert cfg.swizzle_d in (128, 64, 32, 0)
+    if cfg.swizzle_d:
+        assert (bn * 2) % cfg.swizzle_d == 0
+    assert STR_RE.match(str(cfg)), str(cfg)
+
+
+# ---------------------------------------------------------------------------
+# The benchmark shapes
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind,g,m,n,k", NORMAL_CASES + GROUPED_CASES)
+def test_benchmark_shapes_legal_and_deterministic(kind, g, m, n, k):
+    cfg = select_config(kind, m, n, k, num_groups=g)
+    check_choice(cfg, kind, g, m, n, k)
+    assert select_config(kind, m, n, k, num_groups=g) is cfg            # cached
+    cfgmod._select.cache_clear()
+    assert select_config(kind, m, n, k, num_groups=g) == cfg            # recomputed
+    assert ranked_configs(kind, m, n, k, num_groups=g)[0][1] == cfg
+
+
+def test_benchmark_cases_cover_the_tables():
+    assert len([c for c in BENCHMARK_CASES if c[0] == "normal"]) == 28
+    assert set(NORMAL_CASES) <= set(BENCHMARK_CASES)
+    assert len([c for c in BENCHMARK_CASES if c[0] == "contiguous"]) == 4
+    assert len([c for c in BENCHMARK_CASES if c[0] == "masked"]) == 6
+
+
+def test_table(capsys):
+    text = format_table()
+    with capsys.disabled():
+        print("\n" + text)
+    assert len(text.splitlines()) == 2 + len(BENCHMARK_CASES)
+
+
+# ---------------------------------------------------------------------------
+# Regression examples (what the cost model must keep choosing)
+# ---------------------------------------------------------------------------
+
+def test_decode_2112_fills_the_sms():
+    # DeepGEMM gen 1 and its H200 pick: 64x16, exactly 132 tiles.
+    cfg = select_config("normal", 64, 2112, 7168)
+    assert (cfg.block_m, cfg.block_n, cfg.num_multicast) == (64, 16, 1)
+    tiles, executed, waves = tile_counts(cfg, 64, 2112)
+    assert tiles == executed == 132 and waves == 1 and cfg.num_sms == 132
+
+
+def test_m128_2112_is_64x32():
+    cfg = select_config("normal", 128, 2112, 7168)
+    assert (cfg.block_m, cfg.block_n) == (64, 32)
+    assert tile_counts(cfg, 128, 2112)[0] == 132
+
+
+def test_unaligned_block_n_example():
+    # The DeepGEMM README example: 128x112 gives 128 tiles where 128x128 gives 112.
+    cfg = select_config("normal", 256, 7168, 7168)
+    assert (cfg.block_m, cfg.block_n) == (128, 112)
+    assert tile_counts(cfg, 256, 7168) == (128, 128, 1)
+
+
+@pytest.mark.parametrize("m", [1, 64, 128])
+@pytest.mark.parametrize("n,k", [nk for nk in NORMAL_NK if nk[0] >= 2112])
+def test_small_m_keeps_the_sms_busy(m, n, k):
+    cfg = select_config("normal", m, n, k)
+    assert cfg.num_multicast == 1
+    assert cfg.num_sms >= 128, str(cfg)
+
+
+@pytest.mark.parametrize("n,k", NORMAL_NK)
+def test_large_m_uses_big_tiles(n, k):
+    cfg = select_config("normal", 4096, n, k)
+    assert cfg.block_m * cfg.block_n >= 128 * 128, str(cfg)
+
+
+def test_square_4096_is_256x128_multicast():
+    cfg = select_config("normal", 4096, 4096, 7168)
+    assert (cfg.block_m, cfg.block_n, cfg.num_stages, cfg.num_multicast) == (256, 128, 3, 2)
+    assert tile_counts(cfg, 4096, 4096) == (512, 512, 4)
+
+
+@pytest.mark.parametrize("kind,g,m,n,k", [c for c in BENCHMARK_CASES if c[0] == "contiguous"])
+def test_contiguous_is_128x192_multicast_a(kind, g, m, n, k):
+    # DeepGEMM's H200 choice for all four contiguous shapes.
+    cfg = select_config(kind, m, n, k, num_groups=g)
+    assert (cfg.block_m, cfg.block_n, cfg.num_stages) == (128, 192, 4)
+    assert cfg.num_multicast == 2 and cfg.multicast_on_a
+
+
+def test_masked_one_wave_has_no_multicast():
+    cfg = select_config("masked", 1024, 4096, 7168, num_groups=1)
+    assert tile_counts(cfg, 1024, 4096, 1)[2] == 1 and cfg.num_multicast == 1
+
+
+def test_multicast_needs_512_rows_of_work():
+    for m in (64, 128, 256, 511):
+        assert select_config("normal", m, 32768, 512).num_multicast == 1
+    # masked counts num_groups * expected_m rows of work
+    assert select_config("masked", 256, 7168, 2048, num_groups=1).num_multicast == 1
+
+
+def test_phantom_tiles_are_counted():
+    cfg = make_config("normal", 128, 192, 4, 7168, num_multicast=2, multicast_on_a=True,
+                      num_sms=132)
+    assert tile_counts(cfg, 4096, 2112) == (352, 384, 3)          # 11 n-blocks: odd
+    cfg_b = make_config("normal", 256, 128, 3, 7168, num_multicast=2, num_sms=132)
+    assert tile_counts(cfg_b, 4096 + 256, 4096) == (17 * 32, 18 * 32, 5)
+    masked = make_config("masked", 64, 120, 5, 2048, num_multicast=2, multicast_on_a=True,
+                         num_sms=100)
+    assert tile_counts(masked, 100, 600, 3) == (3 * 2 * 5, 3 * 2 * 6, 1)
+
+
+def test_m_zero_is_valid():
+    for kind, g in (("normal", 1), ("contiguous", 4), ("masked", 8)):
+        cfg = select_config(kind, 0, 4096, 7168, num_groups=g)
+        assert is_legal(cfg, k=7168, available_sms=132)[0]
+        assert cfg.num_sms >= 1
+        assert tile_counts(cfg, 0, 4096, g)[0] == 0
+
+
+def test_grid_respects_the_available_sms():
+    for sms in (1, 2, 3, 7, 64, 77, 131, 132):
+        cfg = select_config("normal", 4096, 7168, 2048, num_sms=sms)
+        check_choice(cfg, "normal", 1, 4096, 7168, 2048, num_sms=sms)
+        assert cfg.num_sms == (sms - sms % 2 if cfg.num_multicast == 2 else sms)
+    assert select_config("normal", 4096, 7168, 2048, num_sms=1).num_multicast == 1
+
+
+def test_smaller_smem_limit():
+    cfg = select_config("normal", 4096, 4096, 7168, smem_limit=101376)
+    check_choice(cfg, "normal", 1, 4096, 4096, 7168, smem_limit=101376)
+
+
+# ---------------------------------------------------------------------------
+# Building blocks
+# ---------------------------------------------------------------------------
+
+def test_smem_size_formula():
+    # align(BM*BN*2, 1024) + stages*(BM*128 + BN*128 + align(BM*4, 128)) + align(8*ceil(K/128), 16) + 256
+    assert smem_size(128, 128, 5, 7168) == 32768 + 5 * 33280 + 448 + 256
+    assert smem_size(64, 16, 16, 7168) == 2048 + 16 * (8192 + 2048 + 256) + 448 + 256
+    assert smem_size(64, 8, 1, 128) == 1024 + (8192 + 1024 + 256) + 16 + 256
+    assert smem_size(256, 128, 3, 16384) == 65536 + 3 * (32768 + 16384 + 1024) + 1024 + 256
+    assert smem_size(64, 120, 4, 1152) == 15360 + 4 * (8192 + 15360 + 256) + 80 + 256
+    # DeepGEMM's H200 stage counts come out of it
+    assert max_stages(128, 128, 7168) == 5
+    assert max_stages(128, 112, 7168) == 6
+    assert max_stages(256, 128, 7168) == 3
+    assert max_stages(64, 16, 7168) == 16
+    assert max_stages(64, 112, 16384) == 9
+    assert max_stages(128, 192, 1536) == 4
+    assert max_stages(64, 64, 7168) == 13
+
+
+def test_min_stage_rule():
+    # 128x160 (< 128*192) needs 4 stages; 128x192 may run with 3.
+    assert max_stages(128, 160, 128, smem_limit=smem_size(128, 160, 3, 128)) == 0
+    assert max_stages(128, 192, 128, smem_limit=smem_size(128, 192, 3, 128)) == 3
+    assert max_stages(256, 128, 128, smem_limit=smem_size(256, 128, 2, 128)) == 0
+
+
+def test_candidate_block_ns():
+    all_ns = candidate_block_ns()
+    assert all_ns == tuple(range(8, 129, 8)) + (144, 160, 192)
+    for bn in all_ns:
+        assert bn <= 128 or math.gcd(bn, 128) == bn - 128
+    assert max(candidate_block_ns(256)) == 128
+    assert max(candidate_block_ns(128)) == max(candidate_block_ns(64)) == 192
+    with pytest.raises(ValueError, match="block_m"):
+        candidate_block_ns(96)
+
+
+def test_swizzle():
+    assert [swizzle_d_bytes(bn) for bn in (8, 16, 24, 32, 48, 64, 112, 120, 128, 144, 160, 192)] == \
+        [0, 32, 0, 64, 32, 128, 32, 0, 128, 32, 64, 128]
+
+
+@pytest.mark.parametrize("fields,reason", [
+    (dict(block_m=96), "block_m"),
+    (dict(block_m=256, kind="contiguous"), "divid"),
+    (dict(block_n=152), "straddle"),
+    (dict(block_n=176), "straddle"),
+    (dict(block_n=12), "multiple of 8"),
+    (dict(block_n=264), "multiple of 8"),
+    (dict(block_m=256, block_n=144), "register"),
+    (dict(block_m=128, block_n=256), "register"),
+    (dict(num_stages=2), "num_stages"),
+    (dict(num_stages=17), "num_stages"),
+    (dict(block_m=128, block_n=128, num_stages=3), "at least 4"),
+    (dict(block_m=64, block_n=192, num_stages=16), "limit"),
+    (dict(num_multicast=2, num_sms=131), "even"),
+    (dict(num_multicast=3, num_sms=132), "num_multicast"),
+    (dict(num_multicast=2, multicast_on_a=False, kind="masked", num_sms=132), "only legal"),
+    (dict(num_multicast=2, multicast_on_a=False, kind="contiguous", num_sms=132), "only legal"),
+    (dict(num_sms=0), "num_sms"),
+    (dict(num_sms=200), "exceeds"),
+])
+def test_is_legal_rejects(fields, reason):
+    base = dict(kind="normal", block_m=128, block_n=128, num_stages=4, num_multicast=1,
+                multicast_on_a=False, num_sms=132)
+    ok, why = is_legal(k=7168, available_sms=132, **{**base, **fields})
+    assert not ok and reason in why, why
+
+
+def test_is_legal_field_mismatches():
+    cfg = make_config("normal", 128, 128, 4, 7168, num_sms=132)
+    assert is_legal(cfg, k=7168, available_sms=132) == (True, "ok")
+    assert is_legal(cfg) == (True, "ok")
+    import dataclasses
+    bad = [dataclasses.replace(cfg, smem_bytes=cfg.smem_bytes - 16),
+           dataclasses.replace(cfg, swizzle_d=64),
+           dataclasses.replace(cfg, num_math_warpgroups=1),
+           dataclasses.replace(cfg, block_k=64),
+           dataclasses.replace(cfg, kind="dense"),
+           dataclasses.replace(cfg, multicast_on_a=True)]
+    for c in bad:
+        assert not is_legal(c, k=7168)[0], c
+    for bn in (136, 144, 160, 192):
+        assert is_legal(make_config("normal", 128, bn, 4, 7168, num_sms=1), k=7168)[0]
+    assert is_legal(make_config("contiguous", 64, 128, 4, 7168, num_sms=1), k=7168)[0]
+    assert is_legal(make_config("masked", 256, 128, 3, 7168, num_multicast=2,
+                                multicast_on_a=True, num_sms=2), k=7168)[0]
+
+
+def test_str():
+    assert str(make_config("normal", 128, 112, 6, 7168, num_multicast=2, multicast_on_a=True,
+                           num_sms=132)) == "128x112 s6 c2A sms132"
+    assert str(make_config("normal", 256, 128, 3, 7168, num_multicast=2, num_sms=128)) == \
+        "256x128 s3 c2B sms128"
+    assert str(make_config("normal", 64, 16, 16, 7168, num_sms=132)) == "64x16 s16 sms132"
+
+
+@pytest.mark.parametrize("args,kwargs,name", [
+    (("dense", 64, 128, 128), {}, "kind"),
+    (("normal", -1, 128, 128), {}, "m"),
+    (("normal", 64, 0, 128), {}, "n"),
+    (("normal", 64, -8, 128), {}, "n"),
+    (("normal", 64, 128, 0), {}, "k"),
+    (("normal", 64, 128, 128), {"num_sms": 0}, "num_sms"),
+    (("masked", 64, 128, 128), {"num_groups": 0}, "num_groups"),
+    (("normal", 64, 128, 128), {"num_groups": 2}, "num_groups"),
+    (("normal", 64, 128, 128), {"smem_limit": 0}, "smem_limit"),
+    (("normal", 64, 128, 128), {"smem_limit": 20000}, "smem_limit"),
+    (("normal", 64, 128, 10**8), {}, "k"),
+])
+def test_value_errors_name_the_argument(args, kwargs, name):
+    with pytest.raises(ValueError, match=rf"\b{name}\b"):
+        select_config(*args, **kwargs)
+
+
+def test_type_errors():
+    with pytest.raises(TypeError, match="m"):
+        select_config("normal", 64.0, 128, 128)
+    with pytest.raises(TypeError, match="num_sms"):
+        select_config("normal", 64, 128, 128, num_sms=True)
+
+
+def test_numpy_integers_share_the_cache():
+    np = pytest.importorskip("numpy")
+    assert select_config("normal", np.int64(64), np.int32(2112), 7168) is \
+        select_config("normal", 64, 2112, 7168)
+
+
+# ---------------------------------------------------------------------------
+# Property sweep
+# ---------------------------------------------------------------------------
+
+@st.composite
+def problems(draw):
+    kind = draw(st.sampled_from(cfgmod.KINDS))
+    m = draw(st.integers(0, 70000))
+    n = 8 * draw(st.integers(1, 5000))
+    k = 16 * draw(st.integers(1, 1250))
+    g = 1 if kind == "normal" else draw(st.integers(1, 64))
+    sms = draw(st.integers(1, 132))
+    return kind, g, m, n, k, sms
+
+
+@settings(max_examples=1500, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(problems())
+@example(("normal", 1, 0, 8, 16, 1))
+@example(("normal", 1, 1, 40000, 20000, 132))
+@example(("normal", 1, 70000, 40000, 20000, 131))
+@example(("contiguous", 64, 70000, 8, 16, 2))
+@example(("masked", 64, 70000, 40000, 20000, 132))
+@example(("masked", 3, 65, 600, 1152, 3))
+def test_sweep(problem):
+    kind, g, m, n, k, sms = problem
+    cfg = select_config(kind, m, n, k, num_groups=g, num_sms=sms)
+    check_choice(cfg, kind, g, m, n, k, num_sms=sms)
+    ranked = ranked_configs(kind, m, n, k, num_groups=g, num_sms=sms)
+    assert ranked[0][1] == cfg
+    assert all(is_legal(c, k=k, available_sms=sms)[0] for _, c in ranked)
+    assert [s for s, _ in ranked] == sorted(s for s, _ in ranked)
+    assert len({(c.block_m, c.block_n, c.num_multicast, c.multicast_on_a) for _, c in ranked}) \
+        == len(ranked)
+    cfgmod._select.cache_clear()
+    assert select_config(kind, m, n, k, num_groups=g, num_sms=sms) == cfg

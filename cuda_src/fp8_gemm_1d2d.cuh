@@ -1,0 +1,423 @@
+// SPDX-License-Identifier: MIT
+// FP8 GEMM with DeepSeek-V3 fine-grained scaling ("1D2D": 1x128 activation
+// scales, 128x128 weight scales) for sm_90a:
+//
+//   D[m, n] = sum_kb SFA[m, kb] * SFB[n / 128, kb] * sum_{k in kb} A[m, k] * B[n, k]
+//
+// A [M, K] and B [N, K] are e4m3 (K-major), SFA / SFB float32, D bf16.
+//
+// Structure (kernel-design.md §3; DeepSeek-V3 technical report §3.3.2):
+// * one producer warpgroup (one elected thread issues every TMA load) and one
+//   or two math warpgroups issuing WGMMA; registers moved from the producer
+//   to the math warpgroups with setmaxnreg;
+// * a kNumStages-deep ring of shared-memory stages guarded by full / empty
+//   mbarriers; one stage = one 128-wide K block of A, B and A's scales;
+// * "promotion": each K block's WGMMA partial sum (the tensor core keeps about
+//   14 mantissa bits) is scaled by SFA * SFB and added into a separate FP32
+//   accumulator with CUDA-core FFMAs, so nothing long is ever accumulated
+//   inside the tensor core;
+// * persistent CTAs walking a rasterised tile order (scheduler.cuh), optional
+//   TMA multicast of A or B across a cluster of two;
+// * epilogue: BF16 through swizzled shared memory and TMA stores that overlap
+//   the next tile's main loop.
+#pragma once
+#include "common.cuh"
+#include "ptx/sync.cuh"
+#include "ptx/tma.cuh"
+#include "ptx/wgmma.cuh"
+#include "scheduler.cuh"
+
+namespace cugemm8 {
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// FP32 multiply / fused multiply-add that keep subnormals.  CuPy compiles with
+// -ftz=true (appended after user options, cupy-recipes §Q1), which would flush
+// subnormal scales such as 1e-40 to zero; the explicit .rn forms without .ftz
+// keep the promotion exact to IEEE semantics (adversarial.md item 10).
+__device__ __forceinline__ float mul_rn(float a, float b) {
+  float r;
+  asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+__device__ __forceinline__ float fma_rn(float a, float b, float c) {
+  float r;
+  asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
+  return r;
+}
+
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+
+// Shared-memory budget of one configuration; cugemm8/_config.py:smem_size
+// implements the same formula and the two are checked against each other.
+template <uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages>
+struct SmemLayout {
+  static constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, 128u);
+  static constexpr uint32_t kD = align_up(BLOCK_M * BLOCK_N * 2u, 1024u);   // (BLOCK_M, BLOCK_N) bf16
+  static constexpr uint32_t kA = BLOCK_M * 128u;                            // (BLOCK_M, BLOCK_K) e4m3
+  static constexpr uint32_t kB = BLOCK_N * 128u;                            // (BLOCK_N, BLOCK_K) e4m3
+  static constexpr uint32_t kSFA = align_up(BLOCK_M * 4u, 128u);            // (BLOCK_M,) f32
+  static constexpr uint32_t kSFB = align_up(2u * kNumKBlocks * 4u, 16u);    // (2, num_k_blocks) f32
+  static constexpr uint32_t kOffA = kD;
+  static constexpr uint32_t kOffB = kOffA + kNumStages * kA;
+  static constexpr uint32_t kOffSFA = kOffB + kNumStages * kB;
+  static constexpr uint32_t kOffSFB = kOffSFA + kNumStages * kSFA;
+  static constexpr uint32_t kOffBar = kOffSFB + kSFB;
+  static constexpr uint32_t kTotal = kOffBar + 256u;
+  static_assert(2u * kNumStages * 8u <= 256u, "barrier reserve holds at most 16 stages");
+};
+
+template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages,
+          uint32_t kNumMulticast, bool kMulticastOnA, uint32_t kSwizzleDBytes, uint32_t kGemmType,
+          uint32_t kNumGroups>
+struct GemmTraits {
+  static constexpr uint32_t BLOCK_K = 128;
+  static constexpr uint32_t kNumMathWG = BLOCK_M == 64 ? 1 : 2;
+  static constexpr uint32_t kWaves = BLOCK_M / (64 * kNumMathWG);     // 64-row sub-tiles per math warpgroup
+  static constexpr uint32_t kNumMathThreads = 128 * kNumMathWG;
+  static constexpr uint32_t kNumThreads = kNumMathThreads + 128;
+  static constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, BLOCK_K);
+  static constexpr uint32_t kNumSFBRows = ceil_div(SHAPE_N, 128u);   // 128-row blocks of B per group
+  static constexpr uint32_t kNumAccum = BLOCK_N / 2;                   // f32 per thread per 64xBLOCK_N
+  static constexpr uint32_t kDCols = kSwizzleDBytes ? kSwizzleDBytes / 2 : BLOCK_N;  // columns per TMA store
+  static constexpr uint32_t kDRowBytes = kDCols * 2;
+  static constexpr uint32_t kNumDStores = BLOCK_N / kDCols;
+  static constexpr uint32_t kSwizzleMask = kSwizzleDBytes / 16 - 1;     // 7, 3, 1 (128/64/32 B)
+  using Smem = SmemLayout<SHAPE_K, BLOCK_M, BLOCK_N, kNumStages>;
+  static constexpr uint32_t kTxBytes = Smem::kA + Smem::kB + BLOCK_M * 4;
+
+  static_assert(BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 256, "BLOCK_M must be 64, 128 or 256");
+  static_assert(BLOCK_N % 8 == 0 && BLOCK_N >= 8 && BLOCK_N <= 256, "WGMMA N is a multiple of 8 in [8, 256]");
+  // A tile may straddle at most two 128-row blocks of B scales.
+  static_assert(BLOCK_N <= 128 || constexpr_gcd(BLOCK_N, 128) == BLOCK_N - 128,
+                "BLOCK_N would straddle more than two 128-row scale blocks");
+  static_assert((kWaves + 1) * kNumAccum <= 192, "accumulators would not fit in 232 registers");
+  static_assert(kSwizzleDBytes == 0 || kSwizzleDBytes == 32 || kSwizzleDBytes == 64 || kSwizzleDBytes == 128,
+                "D swizzle is 0, 32, 64 or 128 bytes");
+  static_assert(BLOCK_N % kDCols == 0, "the D swizzle width must divide BLOCK_N");
+  static_assert(kNumMulticast == 1 || kNumMulticast == 2, "clusters of 1 or 2 CTAs");
+  static_assert(kNumStages >= 2 && kNumStages <= 16, "2..16 pipeline stages");
+  static_assert(Smem::kTotal <= 232448, "shared memory exceeds the sm_90 opt-in limit (232,448 B)");
+  static_assert(kGemmType <= kGroupedMasked, "unknown GEMM type");
+};
+
+// Arguments:
+//   shape_m        rows of A / D (normal), m_sum (contiguous) or m_max (masked)
+//   sfb            B scales, row-major [num_groups, ceil(N/128), ceil(K/128)] f32
+//   grouped_layout nullptr (normal), m_indices [m_sum] (contiguous) or masked_m [G] (masked), int32
+//   d_ptr, ld_d    D base and row stride in elements (masked partial-tile stores)
+//   tmap_a         A   as (K, rows, groups) u8,  box (128, BLOCK_M, 1), 128B swizzle
+//   tmap_b         B   as (K, N, groups)    u8,  box (128, BLOCK_N, 1), 128B swizzle
+//   tmap_sfa       SFA as (rows, K/128, groups) f32 (MN-major), box (BLOCK_M, 1, 1)
+//   tmap_d         D   as (N, rows, groups) bf16, box (kDCols, 64, 1), swizzle kSwizzleDBytes
+template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages,
+          uint32_t kNumMulticast, bool kMulticastOnA, uint32_t kSwizzleDBytes, uint32_t kGemmType,
+          uint32_t kNumGroups>
+__global__ void __launch_bounds__(
+    GemmTraits<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, kNumStages, kNumMulticast, kMulticastOnA, kSwizzleDBytes,
+               kGemmType, kNumGroups>::kNumThreads, 1) __cluster_dims__(kNumMulticast, 1, 1)
+fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int32_t* __restrict__ grouped_layout,
+                     uint16_t* __restrict__ d_ptr, uint32_t ld_d,
+                     const __grid_constant__ TmaDescriptor tmap_a, const __grid_constant__ TmaDescriptor tmap_b,
+                     const __grid_constant__ TmaDescriptor tmap_sfa, const __grid_constant__ TmaDescriptor tmap_d) {
+  using T = GemmTraits<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, kNumStages, kNumMulticast, kMulticastOnA,
+                       kSwizzleDBytes, kGemmType, kNumGroups>;
+  using Smem = typename T::Smem;
+  using Scheduler = TileScheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, kNumMulticast, kMulticastOnA, kNumGroups>;
+  constexpr uint32_t kNumKBlocks = T::kNumKBlocks;
+  constexpr uint32_t kNumAccum = T::kNumAccum;
+  constexpr uint32_t kWaves = T::kWaves;
+  constexpr uint32_t kNumMathWG = T::kNumMathWG;
+
+  extern __shared__ __align__(1024) uint8_t smem[];
+  uint64_t* full_bar = reinterpret_cast<uint64_t*>(smem + Smem::kOffBar);
+  uint64_t* empty_bar = full_bar + kNumStages;
+  float* smem_sfb = reinterpret_cast<float*>(smem + Smem::kOffSFB);   // (2, kNumKBlocks) f32
+  auto smem_a = [&](uint32_t s) { return smem + Smem::kOffA + s * Smem::kA; };
+  auto smem_b = [&](uint32_t s) { return smem + Smem::kOffB + s * Smem::kB; };
+  auto smem_sfa = [&](uint32_t s) { return reinterpret_cast<const float*>(smem + Smem::kOffSFA + s * Smem::kSFA); };
+
+  const uint32_t warpgroup = threadIdx.x / 128;
+  const uint32_t producer_leader = T::kNumMathThreads;
+
+  // Initialise the barriers: a full barrier completes on the producer's one
+  // arrival plus kTxBytes of TMA data; an empty barrier on one arrival per math
+  // warp of every CTA of the cluster (a multicast refill overwrites the stage
+  // in both CTAs, so both must have released it).
+  if (threadIdx.x == producer_leader) {
+    if ((smem_addr(smem) & 1023u) != 0) device_trap();   // 128B swizzle needs 1024-aligned tiles
+    tma_prefetch_descriptor(&tmap_a);
+    tma_prefetch_descriptor(&tmap_b);
+    tma_prefetch_descriptor(&tmap_sfa);
+    tma_prefetch_descriptor(&tmap_d);
+    for (uint32_t s = 0; s < kNumStages; ++s) {
+      mbarrier_init(full_bar + s, 1);
+      mbarrier_init(empty_bar + s, kNumMulticast * T::kNumMathThreads / 32);
+    }
+    fence_barrier_init();
+  }
+  if constexpr (kNumMulticast > 1) {
+    cluster_sync();   // the peer may multicast into us / arrive on our barriers from now on
+  } else {
+    __syncthreads();
+  }
+
+  const uint32_t rank = kNumMulticast > 1 ? cluster_cta_rank() : 0;
+  Scheduler scheduler(shape_m, grouped_layout, blockIdx.x / kNumMulticast, gridDim.x / kNumMulticast, rank);
+  typename Scheduler::Tile tile;
+
+  // Which B group a tile reads, and whether its MMA is skipped (contiguous
+  // layout: padding blocks, marked -1, and blocks with an invalid expert id).
+  auto resolve = [&](const typename Scheduler::Tile& t, int32_t& b_group, bool& skip) {
+    if constexpr (kGemmType == kGroupedContiguous) {
+      const uint32_t row0 = t.m_block * BLOCK_M;
+      b_group = row0 < shape_m ? __ldg(grouped_layout + row0) : -1;
+      skip = b_group < 0 || b_group >= static_cast<int32_t>(kNumGroups);
+    } else if constexpr (kGemmType == kGroupedMasked) {
+      b_group = static_cast<int32_t>(t.group);
+      skip = false;
+    } else {
+      b_group = 0;
+      skip = false;
+    }
+  };
+
+  if (warpgroup == kNumMathWG) {
+    // ------------------------------------------------------------------ producer
+    if constexpr (kNumMathWG == 2) setmaxnreg_dec<40>();
+    if (threadIdx.x == producer_leader) {
+      uint32_t stage = 0, phase = 0;
+      while (scheduler.next(tile)) {
+        int32_t b_group;
+        bool skip;
+        resolve(tile, b_group, skip);
+        if (skip) continue;
+        const int32_t a_row = static_cast<int32_t>(tile.m_block * BLOCK_M);
+        const int32_t a_group = kGemmType == kGroupedMasked ? static_cast<int32_t>(tile.group) : 0;
+        const int32_t b_row = static_cast<int32_t>(tile.n_block * BLOCK_N);
+        for (uint32_t kb = 0; kb < kNumKBlocks; ++kb) {
+          // Wait until every consumer (of every CTA in the cluster) released the stage.
+          mbarrier_wait(empty_bar + stage, phase ^ 1);
+          uint64_t* bar = full_bar + stage;
+          mbarrier_arrive_expect_tx(bar, T::kTxBytes);
+          const int32_t k = static_cast<int32_t>(kb * 128);
+          if constexpr (kNumMulticast == 2 && kMulticastOnA) {
+            if (rank == 0) {
+              tma_load_3d_multicast(smem_a(stage), &tmap_a, bar, 0b11, k, a_row, a_group);
+              tma_load_3d_multicast(const_cast<float*>(smem_sfa(stage)), &tmap_sfa, bar, 0b11, a_row,
+                                    static_cast<int32_t>(kb), a_group);
+            }
+          } else {
+            tma_load_3d(smem_a(stage), &tmap_a, bar, k, a_row, a_group);
+            tma_load_3d(const_cast<float*>(smem_sfa(stage)), &tmap_sfa, bar, a_row, static_cast<int32_t>(kb),
+                        a_group);
+          }
+          if constexpr (kNumMulticast == 2 && !kMulticastOnA) {
+            if (rank == 0) tma_load_3d_multicast(smem_b(stage), &tmap_b, bar, 0b11, k, b_row, b_group);
+          } else {
+            tma_load_3d(smem_b(stage), &tmap_b, bar, k, b_row, b_group);
+          }
+          if (++stage == kNumStages) stage = 0, phase ^= 1;
+        }
+      }
+    }
+  } else {
+    // ------------------------------------------------------------------ math
+    if constexpr (kNumMathWG == 2) setmaxnreg_inc<232>();
+    const uint32_t tid = threadIdx.x % 128;
+    const uint32_t warp = tid / 32, lane = tid % 32;
+    // Row (within the tile) of sub-tile `v` handled by this warpgroup.
+    auto row_off = [&](uint32_t v) { return v * 64 * kNumMathWG + warpgroup * 64; };
+    uint32_t stage = 0, phase = 0;
+    float accum[kNumAccum];
+    float final_accum[kWaves][kNumAccum];
+
+    while (scheduler.next(tile)) {
+      int32_t b_group;
+      bool skip;
+      resolve(tile, b_group, skip);
+
+      #pragma unroll
+      for (uint32_t v = 0; v < kWaves; ++v) {
+        #pragma unroll
+        for (uint32_t i = 0; i < kNumAccum; ++i) final_accum[v][i] = 0.f;
+      }
+
+      if (!skip) {
+        // Stage both candidate rows of B scales for the whole K (pitfall 9:
+        // before the K loop, behind a barrier of the math threads only).
+        const uint32_t n0 = tile.n_block * BLOCK_N;
+        const uint32_t sfb_row0 = n0 / 128;
+        named_barrier_sync(1, T::kNumMathThreads);   // previous tile's readers are done
+        for (uint32_t i = threadIdx.x; i < 2 * kNumKBlocks; i += T::kNumMathThreads) {
+          const uint32_t row = sfb_row0 + i / kNumKBlocks, kb = i % kNumKBlocks;
+          smem_sfb[i] = row < T::kNumSFBRows
+                            ? __ldg(sfb + (static_cast<uint64_t>(b_group) * T::kNumSFBRows + row) * kNumKBlocks + kb)
+                            : 0.f;
+        }
+        named_barrier_sync(1, T::kNumMathThreads);
+        // 8-column chunks before the next 128-row boundary of B use the first
+        // scale row; the rest (if the tile straddles) the second.
+        const uint32_t num_former = constexpr_min(BLOCK_N, 128 - n0 % 128) / 8;
+
+        for (uint32_t kb = 0; kb < kNumKBlocks; ++kb) {
+          const float sb0 = smem_sfb[kb], sb1 = smem_sfb[kNumKBlocks + kb];
+          mbarrier_wait(full_bar + stage, phase);
+          // Read this stage's A scales before the stage can be released.
+          float sa[kWaves][2];
+          #pragma unroll
+          for (uint32_t v = 0; v < kWaves; ++v) {
+            const uint32_t r = row_off(v) + warp * 16 + lane / 4;
+            sa[v][0] = smem_sfa(stage)[r];
+            sa[v][1] = smem_sfa(stage)[r + 8];
+          }
+          #pragma unroll
+          for (uint32_t v = 0; v < kWaves; ++v) {
+            #pragma unroll
+            for (uint32_t i = 0; i < kNumAccum; ++i) fence_operand(accum[i]);
+            wgmma_fence();
+            #pragma unroll
+            for (uint32_t k = 0; k < 4; ++k) {
+              const uint64_t da = make_smem_desc_sw128(smem_a(stage) + row_off(v) * 128 + k * 32);
+              const uint64_t db = make_smem_desc_sw128(smem_b(stage) + k * 32);
+              WgmmaFp8<BLOCK_N>::mma(accum, da, db, k > 0 ? 1u : 0u);   // k == 0 clears the accumulator
+            }
+            wgmma_commit_group();
+            #pragma unroll
+            for (uint32_t i = 0; i < kNumAccum; ++i) fence_operand(accum[i]);
+            wgmma_wait_group<0>();
+            if (v == kWaves - 1) {
+              // Release the stage now, so the next TMA load overlaps the promotion.
+              if constexpr (kNumMulticast == 1) {
+                if (lane == 0) mbarrier_arrive(empty_bar + stage);
+              } else {
+                if (lane < kNumMulticast) mbarrier_arrive_cluster(empty_bar + stage, lane);
+              }
+            }
+            // Promotion: final += (SFA[row] * SFB[n-block]) * partial, in FP32.
+            const float s00 = mul_rn(sa[v][0], sb0), s01 = mul_rn(sa[v][0], sb1);
+            const float s10 = mul_rn(sa[v][1], sb0), s11 = mul_rn(sa[v][1], sb1);
+            #pragma unroll
+            for (uint32_t i = 0; i < kNumAccum / 4; ++i) {
+              const bool former = i < num_former;
+              const float s0 = former ? s00 : s01, s1 = former ? s10 : s11;
+              final_accum[v][i * 4 + 0] = fma_rn(s0, accum[i * 4 + 0], final_accum[v][i * 4 + 0]);
+              final_accum[v][i * 4 + 1] = fma_rn(s0, accum[i * 4 + 1], final_accum[v][i * 4 + 1]);
+              final_accum[v][i * 4 + 2] = fma_rn(s1, accum[i * 4 + 2], final_accum[v][i * 4 + 2]);
+              final_accum[v][i * 4 + 3] = fma_rn(s1, accum[i * 4 + 3], final_accum[v][i * 4 + 3]);
+            }
+          }
+          if (++stage == kNumStages) stage = 0, phase ^= 1;
+        }
+      }
+
+      // ---------------------------------------------------------------- epilogue
+      const uint32_t m0 = tile.m_block * BLOCK_M;
+      const uint32_t n0 = tile.n_block * BLOCK_N;
+      const uint32_t d_group = kGemmType == kGroupedMasked ? tile.group : 0;
+      bool use_tma[kWaves];
+      #pragma unroll
+      for (uint32_t v = 0; v < kWaves; ++v) {
+        const uint32_t slab = m0 + row_off(v);
+        const bool any = !tile.phantom && slab < tile.valid_m;
+        // A masked group's rows in [masked_m, m_max) must stay untouched, which a
+        // 64-row TMA box cannot express: such slabs are stored row by row.
+        const bool partial = kGemmType == kGroupedMasked && slab + 64 > tile.valid_m;
+        use_tma[v] = any && !partial;
+        if (!any) continue;
+        const uint32_t r0 = slab + warp * 16 + lane / 4;
+        if constexpr (kGemmType == kGroupedContiguous) {
+          // Row-level layout contract: -1 rows are written as zeros; a row whose
+          // expert differs from its block's (or any row of a block with an
+          // invalid expert id) is a layout violation and is written as NaN.
+          #pragma unroll
+          for (uint32_t h = 0; h < 2; ++h) {
+            const uint32_t r = r0 + h * 8;
+            const int32_t e = r < shape_m ? __ldg(grouped_layout + r) : -1;
+            const bool zero = e == -1, bad = !zero && (skip || e != b_group);
+            #pragma unroll
+            for (uint32_t i = 0; i < kNumAccum / 4; ++i) {
+              #pragma unroll
+              for (uint32_t j = 0; j < 2; ++j) {
+                float& x = final_accum[v][i * 4 + h * 2 + j];
+                x = zero ? 0.f : (bad ? __int_as_float(0x7fffffff) : x);
+              }
+            }
+          }
+        }
+        if (!use_tma[v]) {
+          // Direct, predicated stores (masked partial slab).
+          #pragma unroll
+          for (uint32_t h = 0; h < 2; ++h) {
+            const uint32_t r = r0 + h * 8;
+            if (r >= tile.valid_m) continue;
+            uint16_t* row_ptr = d_ptr + (static_cast<uint64_t>(d_group) * shape_m + r) * ld_d;
+            #pragma unroll
+            for (uint32_t i = 0; i < kNumAccum / 4; ++i) {
+              const uint32_t col = n0 + i * 8 + (lane % 4) * 2;
+              if (col < SHAPE_N) {
+                *reinterpret_cast<uint32_t*>(row_ptr + col) =
+                    pack_bf16x2(final_accum[v][i * 4 + h * 2], final_accum[v][i * 4 + h * 2 + 1]);
+              }
+            }
+          }
+        }
+      }
+
+      // TMA path: wait until this warpgroup's previous stores finished reading
+      // the staging buffer, stage BF16 into swizzled shared memory, then store.
+      if (tid == 0) tma_store_wait_read<0>();
+      named_barrier_sync(2 + warpgroup, 128);
+      #pragma unroll
+      for (uint32_t v = 0; v < kWaves; ++v) {
+        if (!use_tma[v]) continue;
+        const uint32_t slab_base = smem_addr(smem) + (v * kNumMathWG + warpgroup) * 64 * BLOCK_N * 2;
+        #pragma unroll
+        for (uint32_t h = 0; h < 2; ++h) {
+          const uint32_t r = warp * 16 + lane / 4 + h * 8;
+          #pragma unroll
+          for (uint32_t i = 0; i < kNumAccum / 4; ++i) {
+            const uint32_t col = i * 8 + (lane % 4) * 2;
+            uint32_t off = (col / T::kDCols) * 64 * T::kDRowBytes + r * T::kDRowBytes + (col % T::kDCols) * 2;
+            if constexpr (kSwizzleDBytes != 0) off ^= ((off >> 7) & T::kSwizzleMask) << 4;
+            st_shared_u32(slab_base + off,
+                          pack_bf16x2(final_accum[v][i * 4 + h * 2], final_accum[v][i * 4 + h * 2 + 1]));
+          }
+        }
+      }
+      fence_proxy_async_smem();
+      named_barrier_sync(2 + warpgroup, 128);
+      if (tid == 0) {
+        bool issued = false;
+        #pragma unroll
+        for (uint32_t v = 0; v < kWaves; ++v) {
+          if (!use_tma[v]) continue;
+          const uint8_t* slab = smem + (v * kNumMathWG + warpgroup) * 64 * BLOCK_N * 2;
+          #pragma unroll
+          for (uint32_t c = 0; c < T::kNumDStores; ++c) {
+            tma_store_3d(&tmap_d, slab + c * 64 * T::kDRowBytes, static_cast<int32_t>(n0 + c * T::kDCols),
+                         static_cast<int32_t>(m0 + row_off(v)), static_cast<int32_t>(d_group));
+          }
+          issued = true;
+        }
+        if (issued) tma_store_commit();
+      }
+    }
+    // Shared memory must outlive the reads of the last TMA stores.
+    if (tid == 0) tma_store_wait_read<0>();
+  }
+
+  if constexpr (kNumMulticast > 1) {
+    // Neither CTA exits while its peer may still arrive on its barriers.
+    cluster_sync();
+  }
+}
+
+}  // namespace cugemm8

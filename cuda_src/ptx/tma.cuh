@@ -1,0 +1,58 @@
+// SPDX-License-Identifier: MIT
+// Tensor Memory Accelerator wrappers (PTX ISA §9.7.9.25
+// "cp.async.bulk.tensor", §9.7.9.26 "cp.async.bulk.wait_group", and
+// "prefetch.tensormap").  Descriptors are __grid_constant__ kernel params, so
+// their generic address is valid for these instructions.
+#pragma once
+#include "../common.cuh"
+#include "sync.cuh"
+
+namespace cugemm8 {
+
+__device__ __forceinline__ void tma_prefetch_descriptor(const TmaDescriptor* desc) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(desc)) : "memory");
+}
+
+// 3-D tile load into this CTA's shared memory, completing on `bar`.
+__device__ __forceinline__ void tma_load_3d(void* dst, const TmaDescriptor* desc, uint64_t* bar,
+                                            int32_t c0, int32_t c1, int32_t c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];"
+      ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(desc)), "r"(smem_addr(bar)),
+        "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+
+// 3-D tile load multicast to every CTA of the cluster in `cta_mask`: the data
+// lands at the same shared-memory offset in each, and each CTA's barrier at
+// `bar`'s offset receives the byte count.
+__device__ __forceinline__ void tma_load_3d_multicast(void* dst, const TmaDescriptor* desc, uint64_t* bar,
+                                                      uint16_t cta_mask, int32_t c0, int32_t c1, int32_t c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%4, %5, %6}], [%2], %3;"
+      ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(desc)), "r"(smem_addr(bar)),
+        "h"(cta_mask), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+
+// 3-D tile store from shared memory; out-of-bounds parts of the box are
+// clipped by the descriptor's extents.
+__device__ __forceinline__ void tma_store_3d(const TmaDescriptor* desc, const void* src,
+                                             int32_t c0, int32_t c1, int32_t c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];"
+      ::"l"(reinterpret_cast<uint64_t>(desc)), "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_store_commit() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+// Wait until at most N committed store groups still read shared memory.
+template <int N>
+__device__ __forceinline__ void tma_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+
+}  // namespace cugemm8

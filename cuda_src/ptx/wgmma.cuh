@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: MIT
+// Warpgroup MMA control and shared-memory matrix descriptors (PTX ISA
+// §9.7.15.5.1 "Matrix Descriptor Format", §9.7.15.6 wgmma.fence /
+// commit_group / wait_group).
+#pragma once
+#include "../common.cuh"
+#include "wgmma_fp8.cuh"
+
+namespace cugemm8 {
+
+// Descriptor of a K-major tile stored with the 128-byte swizzle that TMA's
+// CU_TENSOR_MAP_SWIZZLE_128B writes: rows of 128 bytes, 8-row core-matrix
+// groups 1024 bytes apart.
+//   bits  0-13: start address >> 4
+//   bits 16-29: leading-dimension byte offset >> 4 (unused for swizzled K-major)
+//   bits 32-45: stride-dimension byte offset >> 4 (1024 B between 8-row groups)
+//   bits 49-51: base offset (0: tiles are 1024-byte aligned)
+//   bits 62-63: swizzle mode (1 = 128B)
+__device__ __forceinline__ uint64_t make_smem_desc_sw128(const void* smem_ptr) {
+  uint64_t addr = smem_addr(smem_ptr);
+  uint64_t desc = 0;
+  desc |= (addr & 0x3FFFFull) >> 4;
+  desc |= static_cast<uint64_t>(1024 >> 4) << 32;
+  desc |= 1ull << 62;
+  return desc;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit_group() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void wgmma_wait_group() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// Keeps the compiler from moving accesses of an accumulator register across
+// the asynchronous WGMMA that reads and writes it.
+__device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+}  // namespace cugemm8

@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: MIT
+// Persistent tile scheduler shared by the normal, contiguous-grouped and
+// masked-grouped GEMMs (a grouped GEMM is an addressing variant, not another
+// kernel).
+//
+// Work is handed out in "cluster tiles": with TMA multicast the two CTAs of a
+// cluster take the two halves of one cluster tile, sharing the multicast
+// operand (same m-block when A is multicast, same n-block when B is).  A CTA
+// whose half falls outside the matrix runs a *phantom* tile: it still loads
+// (TMA fills zeros out of bounds) and computes, so both CTAs walk their
+// pipelines in lockstep, but it stores nothing.
+//
+// Cluster tiles are rasterised in bands of kBandN cluster-columns: within a
+// band the index walks N fastest, so one wave of CTAs touches a few A row-panels
+// and at most kBandN B column-panels, which stay L2-resident (the CUTLASS /
+// DeepGEMM "grouped rasterisation", kernel-design.md §3.6).
+#pragma once
+#include "common.cuh"
+
+namespace cugemm8 {
+
+enum GemmType : uint32_t { kNormal = 0, kGroupedContiguous = 1, kGroupedMasked = 2 };
+
+template <uint32_t kGemmType, uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N,
+          uint32_t kNumMulticast, bool kMulticastOnA, uint32_t kNumGroups>
+struct TileScheduler {
+  static constexpr uint32_t kNumNBlocks = ceil_div(SHAPE_N, BLOCK_N);
+  static constexpr uint32_t kPairN = (kNumMulticast == 2 && kMulticastOnA) ? 2 : 1;
+  static constexpr uint32_t kPairM = (kNumMulticast == 2 && !kMulticastOnA) ? 2 : 1;
+  static constexpr uint32_t kNumClusterN = ceil_div(kNumNBlocks, kPairN);
+  static constexpr uint32_t kBandN = 16;
+  static_assert(kGemmType != kGroupedMasked || kPairM == 1, "masked GEMMs multicast A only");
+  static_assert(kGemmType != kGroupedContiguous || kPairM == 1, "contiguous GEMMs multicast A only");
+
+  struct Tile {
+    uint32_t m_block;   // within the group for masked GEMMs
+    uint32_t n_block;
+    uint32_t group;     // masked: group index; otherwise 0
+    uint32_t valid_m;   // rows of this group that are valid (shape_m, or min(masked_m, m_max))
+    bool phantom;       // outside the matrix: compute but never store
+  };
+
+  uint32_t shape_m;
+  const int32_t* grouped_layout;
+  uint32_t cluster_id, num_clusters, rank;
+  uint32_t iter = 0;
+  uint32_t num_m_blocks = 0, num_cluster_m = 0;
+  // Masked-GEMM cursor: the first cluster tile of `group`, and that group's extent.
+  uint32_t group = 0, group_base = 0, group_tiles = 0, group_valid_m = 0;
+
+  __device__ __forceinline__ TileScheduler(uint32_t shape_m_, const int32_t* layout, uint32_t cluster_id_,
+                                           uint32_t num_clusters_, uint32_t rank_)
+      : shape_m(shape_m_), grouped_layout(layout), cluster_id(cluster_id_), num_clusters(num_clusters_),
+        rank(rank_) {
+    if constexpr (kGemmType == kGroupedMasked) {
+      load_group();
+    } else {
+      num_m_blocks = ceil_div(shape_m, BLOCK_M);
+      num_cluster_m = ceil_div(num_m_blocks, kPairM);
+    }
+  }
+
+  __device__ __forceinline__ void load_group() {
+    if (group < kNumGroups) {
+      int32_t v = __ldg(grouped_layout + group);
+      // masked_m outside [0, m_max] is clamped (documented in the Python API).
+      group_valid_m = v < 0 ? 0u : (static_cast<uint32_t>(v) > shape_m ? shape_m : static_cast<uint32_t>(v));
+      group_tiles = ceil_div(group_valid_m, BLOCK_M) * kNumClusterN;
+    }
+  }
+
+  __device__ __forceinline__ bool next(Tile& t) {
+    const uint32_t ct = cluster_id + (iter++) * num_clusters;
+    uint32_t mc, nc;
+    if constexpr (kGemmType == kGroupedMasked) {
+      while (true) {
+        if (group >= kNumGroups) return false;
+        if (ct < group_base + group_tiles) break;
+        group_base += group_tiles;
+        ++group;
+        load_group();
+      }
+      const uint32_t local = ct - group_base;
+      mc = local / kNumClusterN;
+      nc = local % kNumClusterN;
+      t.group = group;
+      t.valid_m = group_valid_m;
+      num_m_blocks = ceil_div(group_valid_m, BLOCK_M);
+    } else {
+      if (ct >= num_cluster_m * kNumClusterN) return false;
+      const uint32_t band = ct / (kBandN * num_cluster_m);
+      const uint32_t band_start = band * kBandN;
+      const uint32_t width = constexpr_min(kBandN, kNumClusterN - band_start);
+      const uint32_t in_band = ct - band * kBandN * num_cluster_m;
+      mc = in_band / width;
+      nc = band_start + in_band % width;
+      t.group = 0;
+      t.valid_m = shape_m;
+    }
+    t.m_block = mc * kPairM + (kPairM == 2 ? rank : 0);
+    t.n_block = nc * kPairN + (kPairN == 2 ? rank : 0);
+    t.phantom = t.m_block >= num_m_blocks || t.n_block >= kNumNBlocks;
+    return true;
+  }
+};
+
+}  // namespace cugemm8

@@ -1,0 +1,16 @@
+"""cugemm8: FP8 GEMMs for NVIDIA Hopper (sm_90a) with DeepSeek-V3 fine-grained
+scaling, on CuPy.  Importable without a GPU; device work raises
+:class:`DeviceError` naming what is missing.
+"""
+from ._device import DeviceError
+from ._device import get_num_sms
+from ._device import set_num_sms
+from .gemm import gemm_fp8_fp8_bf16_nt
+from .gemm import get_gemm_config
+from .gemm import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous
+from .gemm import m_grouped_gemm_fp8_fp8_bf16_nt_masked
+from .layout import get_col_major_tma_aligned_tensor
+from .layout import get_m_alignment_for_contiguous_layout
+from .layout import make_contiguous_layout
+
+__version__ = "0.1.0"

@@ -1,0 +1,187 @@
+"""Device discovery and per-device state: what is missing, SM counts, limits.
+
+Nothing here touches the GPU at import time: ``import cugemm8`` works on a
+machine with no GPU, no driver and no CuPy.  Every device-needing entry point
+calls :func:`require_hopper` first, which raises :class:`DeviceError` with a
+one-line reason.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+
+#: The compute capability every cugemm8 kernel is built for (sm_90a).
+REQUIRED_CC = "90"
+
+#: Opt-in shared memory per block on sm_90 (used when no device is present,
+#: e.g. for compile-only checks).  Source: CUDA C Programming Guide,
+#: "Technical Specifications per Compute Capability" (227 KB for 9.0).
+SM90_SMEM_OPTIN = 232448
+
+
+class DeviceError(RuntimeError):
+    """No usable Hopper GPU (no CuPy, no driver, no device, wrong compute
+    capability, or no NVRTC)."""
+
+
+def _import_cupy():
+    try:
+        import cupy  # noqa: F401
+    except Exception as exc:  # ImportError, or a CUDA library load failure
+        raise DeviceError(
+            f"CuPy is not importable ({type(exc).__name__}: {exc}); "
+            "install cugemm8 with the cuda12 or cuda13 extra") from None
+    return cupy
+
+
+def nvrtc_version() -> tuple[int, int]:
+    """NVRTC (major, minor) that CuPy loads.  Raises DeviceError if absent."""
+    _import_cupy()
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+        return tuple(nvrtc.getVersion())
+    except Exception as exc:
+        raise DeviceError(f"NVRTC is missing or unloadable ({exc}); install "
+                          "cupy-cuda12x[ctk] / cupy-cuda13x[ctk]") from None
+
+
+def check_nvrtc_matches_cupy() -> None:
+    """Refuse a CUDA 12 CuPy that picked up a CUDA 13 NVRTC (or vice versa).
+
+    cuda-pathfinder searches ``nvidia/cu13/lib`` before
+    ``nvidia/cuda_nvrtc/lib``, so a stray CUDA-13 NVRTC wheel in a
+    cupy-cuda12x environment makes CuPy compile with NVRTC 13, whose cubins
+    need a CUDA 13 driver (see docs/design.md, "Environment hazards").
+    """
+    cupy = _import_cupy()
+    major, _ = nvrtc_version()
+    cupy_major = int(cupy.cuda.runtime.runtimeGetVersion()) // 1000
+    if major != cupy_major:
+        raise DeviceError(
+            f"CuPy is built for CUDA {cupy_major} but loads NVRTC {major}; "
+            f"remove the CUDA {major} NVRTC wheel (e.g. nvidia-cuda-nvrtc / "
+            f"cuda-bindings>={major}) or install the matching cupy-cuda{major}x")
+
+
+def nvrtc_unavailable_reason() -> str | None:
+    """None if sm_90a kernels can be compiled here (no GPU needed), else why not."""
+    try:
+        check_nvrtc_matches_cupy()
+    except DeviceError as exc:
+        return str(exc)
+    return None
+
+
+def _device_count() -> int:
+    cupy = _import_cupy()
+    try:
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        raise DeviceError(f"no CUDA device: {exc}") from None
+
+
+def gpu_unavailable_reason() -> str | None:
+    """None if the current device is a usable Hopper GPU, else a one-line reason."""
+    try:
+        require_hopper()
+    except DeviceError as exc:
+        return str(exc)
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _device_info(device_id: int) -> dict:
+    cupy = _import_cupy()
+    attrs = cupy.cuda.Device(device_id).attributes
+    props = cupy.cuda.runtime.getDeviceProperties(device_id)
+    name = props["name"]
+    if isinstance(name, bytes):
+        name = name.decode(errors="replace")
+    return {
+        "name": name,
+        "cc": f"{attrs['ComputeCapabilityMajor']}{attrs['ComputeCapabilityMinor']}",
+        "num_sms": attrs["MultiProcessorCount"],
+        "smem_optin": attrs["MaxSharedMemoryPerBlockOptin"],
+        "l2_bytes": attrs["L2CacheSize"],
+    }
+
+
+_checked_devices: set[int] = set()
+
+
+def current_device_id() -> int:
+    cupy = _import_cupy()
+    return cupy.cuda.runtime.getDevice()
+
+
+def require_hopper(device_id: int | None = None) -> int:
+    """Check that ``device_id`` (default: CuPy's current device) is usable.
+
+    Returns the device id.  Raises :class:`DeviceError` naming what is
+    missing: CuPy, NVRTC, a CUDA device, or compute capability 9.0.
+    """
+    if device_id is None:
+        if _checked_devices:
+            # Fast path for repeated calls: the current device was checked.
+            device_id = current_device_id()
+            if device_id in _checked_devices:
+                return device_id
+        else:
+            if _device_count() == 0:
+                raise DeviceError("no CUDA device visible")
+            device_id = current_device_id()
+    if device_id in _checked_devices:
+        return device_id
+    if _device_count() == 0:
+        raise DeviceError("no CUDA device visible")
+    info = _device_info(device_id)
+    if info["cc"] != REQUIRED_CC:
+        raise DeviceError(
+            f"device {device_id} ({info['name']}) has compute capability "
+            f"{info['cc'][0]}.{info['cc'][1:]}; cugemm8 kernels need 9.0 (Hopper, sm_90a)")
+    check_nvrtc_matches_cupy()
+    _checked_devices.add(device_id)
+    return device_id
+
+
+def device_info(device_id: int | None = None) -> dict:
+    """Name, compute capability, SM count, opt-in shared memory and L2 size."""
+    if device_id is None:
+        device_id = current_device_id()
+    return dict(_device_info(device_id))
+
+
+# Per-device SM budget for cugemm8 kernels (set_num_sms / get_num_sms).
+_num_sms_override: dict[int, int] = {}
+_lock = threading.Lock()
+
+
+def get_num_sms(device_id: int | None = None) -> int:
+    """Number of SMs cugemm8 kernels may occupy on the device.
+
+    Defaults to the device's multiprocessor count; see :func:`set_num_sms`.
+    """
+    if device_id is None:
+        device_id = current_device_id()
+    n = _num_sms_override.get(device_id)
+    return n if n is not None else _device_info(device_id)["num_sms"]
+
+
+def set_num_sms(num_sms: int, device_id: int | None = None) -> None:
+    """Limit the persistent grid of cugemm8 kernels to ``num_sms`` SMs.
+
+    Applies to the current device (or ``device_id``) only, e.g. to leave SMs
+    free for communication kernels running concurrently.  Raises
+    ``ValueError`` unless ``1 <= num_sms <=`` the device's SM count and
+    ``TypeError`` if it is not an int.
+    """
+    if isinstance(num_sms, bool) or not isinstance(num_sms, int):
+        raise TypeError(f"num_sms must be an int, got {type(num_sms).__name__}")
+    if device_id is None:
+        device_id = current_device_id()
+    total = _device_info(device_id)["num_sms"]
+    if not 1 <= num_sms <= total:
+        raise ValueError(f"num_sms={num_sms} must be in [1, {total}] "
+                         f"(the SM count of device {device_id})")
+    with _lock:
+        _num_sms_override[device_id] = num_sms

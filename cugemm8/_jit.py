@@ -1,0 +1,305 @@
+"""Generic run-time compilation of the templates in ``cuda_src/`` for sm_90a.
+
+This module knows nothing about GEMMs: it turns ``(header, name expression)``
+into a loaded, launchable kernel, and offers a compile-only path that needs no
+GPU (for CI's resource and SASS checks).
+
+How kernels are built
+---------------------
+* Source string: one line carrying the SHA-256 of every file under
+  ``cuda_src/`` (recursively) followed by ``#include "<header>"``.  CuPy's disk
+  cache hashes the source string and the options but not headers reached
+  through ``-I``; putting the tree's hash into the string makes any header
+  edit a cache miss (cupy-recipes §Q1 "On-disk cache behaviour", gotcha 2).
+* ``cupy.RawModule(code=..., options=('-arch=sm_90a', ...),
+  name_expressions=[...])``: CuPy appends its own ``-arch=sm_90`` after the
+  user options; NVRTC keeps the ``a`` suffix once any flag carries it
+  (cupy-recipes §Q1).  ``cuda_src/common.cuh`` has an ``#error`` guard on
+  ``__CUDA_ARCH_FEAT_SM90_ALL`` so a plain sm_90 build fails loudly.
+* Disk cache: CuPy's (``CUPY_CACHE_DIR``, default ``~/.cupy/kernel_cache``).
+  Entries are written atomically and carry a SHA-1 of their payload; a
+  corrupt or truncated entry fails that check, is treated as a miss and is
+  rebuilt (``cupy/cuda/_compiler_cache.py``).  ``CUGEMM8_DISABLE_CACHE=1``
+  compiles in memory instead.
+* Process cache: one loaded kernel per ``(device, header, name expression)``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from . import _device, _env
+
+#: Extensions of the files whose bytes reach the compiler.
+_SOURCE_SUFFIXES = (".cuh", ".cu", ".h", ".hpp")
+
+
+def cuda_src_dir() -> Path:
+    """Directory holding the CUDA C++ templates (package data when installed)."""
+    here = Path(__file__).resolve().parent
+    for cand in (here / "cuda_src", here.parent / "cuda_src"):
+        if (cand / "common.cuh").is_file():
+            return cand
+    import importlib.util
+    spec = importlib.util.find_spec("cugemm8.cuda_src")
+    if spec is not None and spec.submodule_search_locations:
+        return Path(list(spec.submodule_search_locations)[0])
+    raise FileNotFoundError("cugemm8's cuda_src/ directory was not found")
+
+
+def _tree_hash(root: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.suffix in _SOURCE_SUFFIXES):
+        h.update(path.relative_to(root).as_posix().encode())
+        h.update(b"\0")
+        h.update(path.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+_hash_memo: dict[Path, str] = {}
+
+
+def source_hash(root: Path | None = None, *, refresh: bool = False) -> str:
+    """SHA-256 over the relative paths and bytes of every source under ``root``."""
+    root = cuda_src_dir() if root is None else Path(root)
+    if refresh or root not in _hash_memo:
+        _hash_memo[root] = _tree_hash(root)
+    return _hash_memo[root]
+
+
+def build_source(header: str, root: Path | None = None) -> str:
+    """The source string handed to NVRTC for one header."""
+    return (f"// cugemm8 cuda_src sha256={source_hash(root)}\n"
+            f'#include "{header}"\n')
+
+
+def compile_options(root: Path | None = None) -> tuple[str, ...]:
+    root = cuda_src_dir() if root is None else Path(root)
+    return ("-arch=sm_90a", "--std=c++17", f"-I{root}", "-DNDEBUG")
+
+
+# --------------------------------------------------------------------------
+# Loading kernels on the GPU
+# --------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class JitStats:
+    """Counters for tests and the CLI (per process)."""
+    builds: int = 0          # RawModule objects created (compile or disk load)
+    hits: int = 0            # process-cache hits
+    seconds: float = 0.0     # time spent in builds
+
+
+stats = JitStats()
+_kernels: dict[tuple, object] = {}
+_build_lock = threading.Lock()
+
+
+def get_kernel(header: str, name_expr: str, *, max_dynamic_smem: int = 0):
+    """Return a ``cupy.RawKernel`` for ``name_expr`` declared in ``header``.
+
+    Compiled (or loaded from CuPy's disk cache) on first use per device;
+    later calls are a dictionary lookup.  ``max_dynamic_smem`` raises the
+    kernel's opt-in dynamic shared-memory limit (bytes).
+
+    Raises :class:`cugemm8.DeviceError` when no Hopper GPU / NVRTC is usable
+    and ``cupy.cuda.compiler.CompileException`` on a compile error.
+    """
+    device_id = _device.require_hopper()
+    key = (device_id, header, name_expr)
+    kern = _kernels.get(key)
+    if kern is not None:
+        stats.hits += 1
+        return kern
+    with _build_lock:
+        kern = _kernels.get(key)
+        if kern is not None:
+            return kern
+        import cupy
+        t0 = time.perf_counter()
+        src = build_source(header)
+        opts = compile_options()
+        if _env.DUMP_DIR:
+            _dump(header, name_expr, src, opts)
+        saved = os.environ.get("CUPY_CACHE_IN_MEMORY")
+        if _env.DISABLE_CACHE:
+            os.environ["CUPY_CACHE_IN_MEMORY"] = "1"
+        try:
+            mod = cupy.RawModule(code=src, options=opts, name_expressions=[name_expr])
+            kern = mod.get_function(name_expr)
+            kern.attributes  # force compile/load now, inside the timed region
+        finally:
+            if _env.DISABLE_CACHE:
+                if saved is None:
+                    os.environ.pop("CUPY_CACHE_IN_MEMORY", None)
+                else:
+                    os.environ["CUPY_CACHE_IN_MEMORY"] = saved
+        if max_dynamic_smem:
+            kern.max_dynamic_shared_size_bytes = max_dynamic_smem
+        dt = time.perf_counter() - t0
+        stats.builds += 1
+        stats.seconds += dt
+        if _env.JIT_DEBUG:
+            print(f"[cugemm8.jit] {name_expr}: built in {dt * 1e3:.1f} ms "
+                  f"(regs={kern.num_regs}, local={kern.local_size_bytes} B)",
+                  file=sys.stderr)
+        _kernels[key] = kern
+        return kern
+
+
+def _dump(header: str, name_expr: str, src: str, opts) -> None:
+    os.makedirs(_env.DUMP_DIR, exist_ok=True)
+    tag = hashlib.sha1(name_expr.encode()).hexdigest()[:12]
+    with open(os.path.join(_env.DUMP_DIR, f"{tag}.txt"), "w") as f:
+        f.write(f"// {name_expr}\n// options: {' '.join(opts)}\n{src}")
+    try:
+        rep = compile_only(header, [name_expr], sass=False)
+        with open(os.path.join(_env.DUMP_DIR, f"{tag}.ptx"), "w") as f:
+            f.write(rep.ptx)
+        with open(os.path.join(_env.DUMP_DIR, f"{tag}.log"), "w") as f:
+            f.write(rep.log)
+    except Exception as exc:  # a dump must never break a launch
+        print(f"[cugemm8.jit] dump failed: {exc}", file=sys.stderr)
+
+
+# --------------------------------------------------------------------------
+# Compile-only path (no GPU): resources and SASS
+# --------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class KernelResources:
+    name: str                 # mangled name
+    registers: int
+    stack_frame: int
+    spill_stores: int
+    spill_loads: int
+    smem_static: int
+
+
+@dataclasses.dataclass
+class CompileReport:
+    log: str                                # NVRTC + ptxas log
+    ptx: str
+    lowered: dict                           # name expression -> mangled name
+    resources: dict                         # mangled name -> KernelResources
+    warnings: list                          # ptxas warning lines
+    seconds: float
+    sass: str | None = None
+
+
+_RES_RE = re.compile(
+    r"Compiling entry function '(?P<name>[^']+)'.*?"
+    r"(?P<stack>\d+) bytes stack frame, (?P<ss>\d+) bytes spill stores, "
+    r"(?P<sl>\d+) bytes spill loads.*?Used (?P<regs>\d+) registers"
+    r"(?:.*?(?P<smem>\d+) bytes smem)?", re.S)
+
+
+def parse_ptxas_report(log: str) -> dict:
+    """Per-kernel registers, stack frame and spills from a ``ptxas -v`` log."""
+    out = {}
+    for chunk in re.split(r"(?=ptxas info\s*: Compiling entry function)", log):
+        m = _RES_RE.search(chunk)
+        if m:
+            out[m["name"]] = KernelResources(
+                m["name"], int(m["regs"]), int(m["stack"]), int(m["ss"]),
+                int(m["sl"]), int(m["smem"] or 0))
+    return out
+
+
+def _nvrtc_compile(src: str, opts: tuple, names, want: str):
+    from cupy_backends.cuda.libs import nvrtc
+    prog = nvrtc.createProgram(src, "cugemm8.cu", (), ())
+    try:
+        for ne in names:
+            nvrtc.addNameExpression(prog, ne)
+        try:
+            nvrtc.compileProgram(prog, opts)
+        except nvrtc.NVRTCError as exc:
+            log = nvrtc.getProgramLog(prog)
+            raise RuntimeError(f"NVRTC failed ({exc}):\n{log}") from None
+        log = nvrtc.getProgramLog(prog)
+        lowered = {ne: nvrtc.getLoweredName(prog, ne) for ne in names}
+        data = nvrtc.getPTX(prog) if want == "ptx" else nvrtc.getCUBIN(prog)
+        return data, log, lowered
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+def find_tool(name: str) -> str | None:
+    """Locate ``ptxas`` / ``cuobjdump``: PATH, CUDA_HOME, /usr/local/cuda, pip wheels."""
+    found = shutil.which(name)
+    if found:
+        return found
+    cands = [os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", name),
+             os.path.join("/usr/local/cuda/bin", name)]
+    for sp in sys.path:
+        for sub in ("nvidia/cu13/bin", "nvidia/cuda_nvcc/bin", "nvidia/cu12/bin"):
+            cands.append(os.path.join(sp, sub, name))
+    for c in cands:
+        if os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+def compile_only(header: str, name_exprs, *, sass: bool = False,
+                 root: Path | None = None) -> CompileReport:
+    """Compile ``name_exprs`` for sm_90a without a GPU and report resources.
+
+    NVRTC runs with the options a launch uses (plus ``-Xptxas=-v``), so the
+    register / stack / spill report is the one of the real build.  With
+    ``sass=True`` the PTX is also assembled by ``ptxas -arch=sm_90a`` and
+    disassembled by ``cuobjdump -sass`` (cupy-recipes item 11: cuobjdump 13
+    cannot read NVRTC 12.9 cubins, so the ptxas output is disassembled).
+    """
+    import cupy._core.core as core
+    names = list(name_exprs)
+    src = build_source(header, root)
+    user = compile_options(root)
+    base = core.assemble_cupy_compiler_options(user)
+    tail = ("-ftz=true", "-arch=sm_90", "--device-as-default-execution-space")
+    t0 = time.perf_counter()
+    _, log, lowered = _nvrtc_compile(src, base + tail + ("-Xptxas=-v",), names, "cubin")
+    dt = time.perf_counter() - t0
+    ptx, _, _ = _nvrtc_compile(
+        src, base + ("-ftz=true", "-arch=compute_90a", "--device-as-default-execution-space"),
+        names, "ptx")
+    if isinstance(ptx, bytes):
+        ptx = ptx.decode()
+    warnings = [ln for ln in log.splitlines() if "warning" in ln.lower()]
+    rep = CompileReport(log=log, ptx=ptx, lowered=lowered,
+                        resources=parse_ptxas_report(log), warnings=warnings, seconds=dt)
+    if sass:
+        rep.sass = disassemble_ptx(ptx)
+    return rep
+
+
+def disassemble_ptx(ptx: str) -> str:
+    ptxas, cuobjdump = find_tool("ptxas"), find_tool("cuobjdump")
+    if ptxas is None or cuobjdump is None:
+        raise FileNotFoundError(
+            f"ptxas ({ptxas}) and cuobjdump ({cuobjdump}) are needed for SASS; "
+            "install the CUDA toolkit or the nvidia-cuda-cuobjdump wheel")
+    with tempfile.TemporaryDirectory() as tmp:
+        p_ptx, p_cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        with open(p_ptx, "w") as f:
+            f.write(ptx)
+        subprocess.run([ptxas, "-arch=sm_90a", p_ptx, "-o", p_cubin],
+                       check=True, capture_output=True, text=True)
+        # cuobjdump runs nvdisasm, which the wheels install beside it.
+        env = dict(os.environ)
+        env["PATH"] = os.path.dirname(cuobjdump) + os.pathsep + env.get("PATH", "")
+        res = subprocess.run([cuobjdump, "-sass", p_cubin], env=env,
+                             capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"cuobjdump failed: {res.stderr.strip()}")
+        return res.stdout

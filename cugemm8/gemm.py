@@ -1,0 +1,413 @@
+"""FP8 x FP8 -> BF16 GEMMs with DeepSeek-V3 fine-grained scaling (public ops).
+
+Math (DeepSeek-V3 technical report §3.3; DeepGEMM README)::
+
+    D[m, n] = sum_kb SFA[m, kb] * SFB[n // 128, kb] * sum_{k in kb} A[m, k] * B[n, k]
+
+with 128-wide K blocks ``kb``.  Each op validates every argument (raising
+``TypeError`` / ``ValueError`` that name the argument and the rule) before it
+launches anything, picks a configuration with the deterministic heuristics of
+:mod:`cugemm8._config`, and launches the persistent warp-specialised kernel of
+``cuda_src/fp8_gemm_1d2d.cuh`` on CuPy's current stream, without a host-device
+synchronisation.
+
+Common operand rules (all ops)
+------------------------------
+* FP8 payloads ``a``/``b`` are CuPy ``uint8`` arrays of e4m3fn bit patterns
+  (an ``ml_dtypes.float8_e4m3fn`` view is accepted too), **K-major**: the last
+  stride is 1 byte, every other stride a multiple of 16 bytes, the base
+  address 16-byte aligned (TMA rules, CUDA driver ``cuTensorMapEncodeTiled``).
+* ``k`` is a positive multiple of 16; a K tail that is not a multiple of 128
+  is zero-filled by TMA inside the last K block.  ``n`` is a positive multiple
+  of 8.  ``m`` may be anything ``>= 0`` (``m == 0`` launches nothing).
+* ``sfa`` is float32 ``[..., m, ceil(k/128)]``.  Its MN-major TMA-aligned
+  layout (see :mod:`cugemm8.layout`) is used as is; any other strides are
+  converted on the GPU inside the call (one extra copy kernel and a temporary
+  allocation) - call :func:`cugemm8.get_col_major_tma_aligned_tensor` once to
+  avoid paying that per call.
+* ``sfb`` is float32 ``[..., ceil(n/128), ceil(k/128)]``; a non-contiguous
+  ``sfb`` is copied to a contiguous one (values by logical index, never
+  reinterpreted).
+* ``out`` is a CuPy bfloat16 array with a contiguous last dimension, 16-byte
+  aligned rows; it must not overlap any input.  Only ``out``'s valid region is
+  written.
+* All arrays live on the current CuPy device.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from . import _config, _device, _env, _jit, _tma
+from .layout import (CONTIGUOUS_M_ALIGNMENT, get_col_major_tma_aligned_tensor,
+                     is_tma_aligned_mn_major)
+
+_HEADER = "fp8_gemm_1d2d.cuh"
+_GEMM_TYPE = {"normal": 0, "contiguous": 1, "masked": 2}
+_NULL = np.uint64(0)
+_INT32_MAX = 2 ** 31 - 1
+
+
+# ----------------------------------------------------------------------------
+# validation helpers
+# ----------------------------------------------------------------------------
+
+def _cupy():
+    try:
+        import cupy
+    except Exception as exc:  # pragma: no cover - exercised without CuPy
+        raise _device.DeviceError(f"CuPy is not importable ({exc})") from None
+    return cupy
+
+
+def _check_array(name: str, x, cupy):
+    if isinstance(x, np.ndarray):
+        raise TypeError(f"{name} is a NumPy (host) array; cugemm8 needs CuPy device arrays "
+                        f"(use cupy.asarray({name}))")
+    if not isinstance(x, cupy.ndarray):
+        raise TypeError(f"{name} must be a cupy.ndarray, got {type(x).__name__}")
+
+
+def _as_fp8(name: str, x, ndim: int, cupy):
+    _check_array(name, x, cupy)
+    if x.dtype != np.uint8:
+        if x.dtype.itemsize == 1 and x.dtype.name == "float8_e4m3fn":
+            x = x.view(np.uint8)
+        else:
+            raise TypeError(f"{name} must hold e4m3fn bits as uint8 (or a float8_e4m3fn view), "
+                            f"got dtype {x.dtype}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {x.shape}")
+    if x.shape[-1] > 1 and x.strides[-1] != 1:
+        raise ValueError(f"{name} must be K-major (last stride 1 byte), got strides {x.strides}")
+    for i, s in enumerate(x.strides[:-1]):
+        if x.shape[i] > 1 and (s % 16 or s < 0):
+            raise ValueError(f"{name} stride {s} B of dimension {i} must be a non-negative multiple "
+                             f"of 16 bytes (TMA), got strides {x.strides}")
+    if x.data.ptr % 16:
+        raise ValueError(f"{name} base address {x.data.ptr:#x} must be 16-byte aligned (TMA)")
+    return x
+
+
+def _check_f32(name: str, x, shape: tuple, cupy):
+    _check_array(name, x, cupy)
+    if x.dtype != np.float32:
+        raise TypeError(f"{name} must be float32, got {x.dtype}")
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(x.shape)}")
+
+
+def _check_out(name: str, x, shape: tuple, cupy):
+    _check_array(name, x, cupy)
+    if x.dtype.name != "bfloat16":
+        raise TypeError(f"{name} must be bfloat16, got {x.dtype}")
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(x.shape)}")
+    if shape[-1] > 1 and x.strides[-1] != 2:
+        raise ValueError(f"{name} must have a contiguous last dimension, got strides {x.strides}")
+    for i, s in enumerate(x.strides[:-1]):
+        if x.shape[i] > 1 and (s % 16 or s < 0):
+            raise ValueError(f"{name} stride {s} B of dimension {i} must be a non-negative multiple "
+                             f"of 16 bytes (TMA), got strides {x.strides}")
+    if x.data.ptr % 16:
+        raise ValueError(f"{name} base address {x.data.ptr:#x} must be 16-byte aligned (TMA)")
+
+
+def _check_int32(name: str, x, shape: tuple, cupy):
+    _check_array(name, x, cupy)
+    if x.dtype != np.int32:
+        raise TypeError(f"{name} must be int32, got {x.dtype}")
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(x.shape)}")
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{name} must be contiguous, got strides {x.strides}")
+
+
+def _span(x):
+    """[lo, hi) byte range an array can touch."""
+    lo = hi = x.data.ptr
+    for n, s in zip(x.shape, x.strides):
+        if n == 0:
+            return (x.data.ptr, x.data.ptr)
+        if s >= 0:
+            hi += (n - 1) * s
+        else:
+            lo += (n - 1) * s
+    return lo, hi + x.itemsize
+
+
+def _check_no_alias(out, inputs: dict):
+    olo, ohi = _span(out)
+    for name, x in inputs.items():
+        if x is None or x.size == 0:
+            continue
+        lo, hi = _span(x)
+        if lo < ohi and olo < hi:
+            raise ValueError(f"out overlaps {name} in memory; the output must not alias an input")
+
+
+def _check_devices(arrays: dict, cupy):
+    dev = cupy.cuda.runtime.getDevice()
+    for name, x in arrays.items():
+        if x is not None and x.device.id != dev:
+            raise ValueError(f"{name} is on device {x.device.id} but the current device is {dev}; "
+                             f"run under `with cupy.cuda.Device({x.device.id}):`")
+
+
+def _pair(name: str, pair):
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+        raise TypeError(f"{name} must be a (payload, scale) pair, got {type(pair).__name__}")
+    return pair
+
+
+def _check_nk(n: int, k: int):
+    if k <= 0 or k % 16:
+        raise ValueError(f"k = {k} must be a positive multiple of 16 (16-byte FP8 rows for TMA)")
+    if n <= 0 or n % 8:
+        raise ValueError(f"n = {n} must be a positive multiple of 8 (16-byte BF16 output rows)")
+
+
+def _prepare_sfa(sfa):
+    return sfa if is_tma_aligned_mn_major(sfa) else get_col_major_tma_aligned_tensor(sfa)
+
+
+def _prepare_sfb(sfb, cupy):
+    return sfb if sfb.flags.c_contiguous and sfb.data.ptr % 4 == 0 else cupy.ascontiguousarray(sfb)
+
+
+# ----------------------------------------------------------------------------
+# launch
+# ----------------------------------------------------------------------------
+
+def _kernel_name(cfg: "_config.GemmConfig", n: int, k: int, gemm_type: int, num_groups: int) -> str:
+    return (f"cugemm8::fp8_gemm_1d2d_kernel<{n}, {k}, {cfg.block_m}, {cfg.block_n}, {cfg.num_stages}, "
+            f"{cfg.num_multicast}, {'true' if cfg.multicast_on_a else 'false'}, {cfg.swizzle_d}, "
+            f"{gemm_type}, {num_groups}>")
+
+
+_printed: set = set()
+
+
+def _select(kind: str, m: int, n: int, k: int, num_groups: int):
+    device_id = _device.require_hopper()
+    cfg = _config.select_config(kind, m, n, k, num_groups=num_groups,
+                                num_sms=_device.get_num_sms(device_id))
+    if _env.PRINT_CONFIGS:
+        key = (kind, m, n, k, num_groups, cfg)
+        if key not in _printed:
+            _printed.add(key)
+            print(f"[cugemm8] {kind} m={m} n={n} k={k} groups={num_groups}: {cfg}", file=sys.stderr)
+    return cfg
+
+
+def _launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: int, rows: int,
+            a, sfa, b, sfb, out, layout, groups_a: int):
+    """Encode descriptors and launch.
+
+    ``rows`` is the per-group row extent of A / SFA / D (m, m_sum or m_max)
+    and ``groups_a`` their group count (1 unless masked).
+    """
+    kb = -(-k // 128)
+    name = _kernel_name(cfg, n, k, _GEMM_TYPE[kind], num_groups)
+    kern = _jit.get_kernel(_HEADER, name, max_dynamic_smem=cfg.smem_bytes)
+
+    a_row = a.strides[-2] if a.shape[-2] > 1 else k
+    a_grp = a.strides[0] if a.ndim == 3 else a_row * rows
+    tmap_a = _tma.make_descriptor("u8", a.data.ptr, (k, rows, groups_a), (a_row, max(a_grp, 16)),
+                                  (128, cfg.block_m, 1), swizzle=128)
+    b_row = b.strides[-2] if b.shape[-2] > 1 else k
+    b_grp = b.strides[0] if b.ndim == 3 else b_row * n
+    tmap_b = _tma.make_descriptor("u8", b.data.ptr, (k, n, num_groups if b.ndim == 3 else 1),
+                                  (b_row, max(b_grp, 16)), (128, cfg.block_n, 1), swizzle=128)
+    m_pad = sfa.strides[-1] // 4 if kb > 1 else -(-rows // 4) * 4
+    s_grp = sfa.strides[0] if sfa.ndim == 3 else m_pad * kb * 4
+    tmap_sfa = _tma.make_descriptor("f32", sfa.data.ptr, (rows, kb, groups_a),
+                                    (m_pad * 4, max(s_grp, 16)), (cfg.block_m, 1, 1),
+                                    swizzle=0, l2_256=False)
+    d_row = out.strides[-2] if out.shape[-2] > 1 else n * 2
+    d_grp = out.strides[0] if out.ndim == 3 else d_row * rows
+    d_cols = cfg.swizzle_d // 2 if cfg.swizzle_d else cfg.block_n
+    tmap_d = _tma.make_descriptor("bf16", out.data.ptr, (n, rows, groups_a),
+                                  (d_row, max(d_grp, 16)), (d_cols, 64, 1),
+                                  swizzle=cfg.swizzle_d, l2_256=False)
+    threads = 128 * (cfg.num_math_warpgroups + 1)
+    args = (np.uint32(shape_m), sfb, layout if layout is not None else _NULL, out,
+            np.uint32(d_row // 2), tmap_a, tmap_b, tmap_sfa, tmap_d)
+    kern((cfg.num_sms,), (threads,), args, shared_mem=cfg.smem_bytes)
+
+
+# ----------------------------------------------------------------------------
+# public ops
+# ----------------------------------------------------------------------------
+
+def gemm_fp8_fp8_bf16_nt(lhs, rhs, out) -> None:
+    """``out = (A * SFA) @ (B * SFB)^T`` with FP8 operands and BF16 output.
+
+    Args:
+        lhs: ``(a, sfa)``: ``a`` uint8 ``[m, k]`` e4m3fn bits, K-major;
+            ``sfa`` float32 ``[m, ceil(k/128)]``, one scale per token per
+            128 K (any strides; MN-major TMA-aligned is the fast path).
+        rhs: ``(b, sfb)``: ``b`` uint8 ``[n, k]`` K-major; ``sfb`` float32
+            ``[ceil(n/128), ceil(k/128)]``, one scale per 128x128 block.
+        out: bfloat16 ``[m, n]``, row-major with 16-byte aligned rows;
+            written in full, nothing outside it.
+
+    Requirements: ``k % 16 == 0``, ``n % 8 == 0``, any ``m >= 0``; see the
+    module docstring for strides and alignment.
+
+    Raises:
+        TypeError: wrong container or dtype.
+        ValueError: shape, stride, alignment, device or aliasing rule broken.
+        cugemm8.DeviceError: no usable Hopper GPU.
+    """
+    cupy = _cupy()
+    a, sfa = _pair("lhs", lhs)
+    b, sfb = _pair("rhs", rhs)
+    a = _as_fp8("lhs[0] (a)", a, 2, cupy)
+    b = _as_fp8("rhs[0] (b)", b, 2, cupy)
+    m, k = a.shape
+    n, kb_ = b.shape
+    if kb_ != k:
+        raise ValueError(f"a is [m, k] = {list(a.shape)} and b is [n, k] = {list(b.shape)}: k differs")
+    _check_nk(n, k)
+    kb, nb = -(-k // 128), -(-n // 128)
+    _check_f32("lhs[1] (sfa)", sfa, (m, kb), cupy)
+    _check_f32("rhs[1] (sfb)", sfb, (nb, kb), cupy)
+    _check_out("out", out, (m, n), cupy)
+    if m > _INT32_MAX:
+        raise ValueError(f"m = {m} exceeds 2^31 - 1 rows (TMA coordinates are int32)")
+    arrays = {"a": a, "sfa": sfa, "b": b, "sfb": sfb}
+    _check_devices({**arrays, "out": out}, cupy)
+    _check_no_alias(out, arrays)
+    if m == 0:
+        return
+    cfg = _select("normal", m, n, k, 1)
+    _launch(cfg, "normal", n, k, 1, m, m, a, _prepare_sfa(sfa), b, _prepare_sfb(sfb, cupy),
+            out, None, 1)
+
+
+def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs, rhs, out, m_indices) -> None:
+    """Grouped GEMM over experts whose rows are stacked contiguously (MoE prefill).
+
+    Row ``r`` of ``lhs`` is multiplied by expert ``m_indices[r]``'s weights.
+
+    Args:
+        lhs: ``(a, sfa)``: ``a`` uint8 ``[m_sum, k]``, ``sfa`` float32
+            ``[m_sum, ceil(k/128)]``.
+        rhs: ``(b, sfb)``: ``b`` uint8 ``[g, n, k]``, ``sfb`` float32
+            ``[g, ceil(n/128), ceil(k/128)]``.
+        out: bfloat16 ``[m_sum, n]``.
+        m_indices: int32 ``[m_sum]`` on the device: each row's expert in
+            ``[0, g)``, or ``-1`` for padding.
+
+    Layout contract (:func:`cugemm8.get_m_alignment_for_contiguous_layout`
+    = 128): every aligned block of 128 rows holds rows of one expert, possibly
+    followed by ``-1`` padding rows; an all-``-1`` block is padding.
+    :func:`cugemm8.layout.make_contiguous_layout` builds such a layout.
+
+    Results: padding rows (``-1``) are written as **zeros** and padding
+    blocks cost no tensor-core work.  Rows that break the contract (an expert
+    id different from the block's first row, or outside ``[-1, g)``) are
+    written as **NaN** so the violation is visible; they never cause an
+    out-of-bounds access.  ``m_indices`` is read on the device only: no host
+    synchronisation.
+
+    Raises: as :func:`gemm_fp8_fp8_bf16_nt`.
+    """
+    cupy = _cupy()
+    a, sfa = _pair("lhs", lhs)
+    b, sfb = _pair("rhs", rhs)
+    a = _as_fp8("lhs[0] (a)", a, 2, cupy)
+    b = _as_fp8("rhs[0] (b)", b, 3, cupy)
+    m, k = a.shape
+    g, n, kb_ = b.shape
+    if kb_ != k:
+        raise ValueError(f"a is [m_sum, k] = {list(a.shape)} and b is [g, n, k] = {list(b.shape)}: k differs")
+    if g < 1:
+        raise ValueError("b must hold at least one expert (g >= 1)")
+    _check_nk(n, k)
+    kb, nb = -(-k // 128), -(-n // 128)
+    _check_f32("lhs[1] (sfa)", sfa, (m, kb), cupy)
+    _check_f32("rhs[1] (sfb)", sfb, (g, nb, kb), cupy)
+    _check_out("out", out, (m, n), cupy)
+    _check_int32("m_indices", m_indices, (m,), cupy)
+    if m > _INT32_MAX:
+        raise ValueError(f"m_sum = {m} exceeds 2^31 - 1 rows (TMA coordinates are int32)")
+    arrays = {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "m_indices": m_indices}
+    _check_devices({**arrays, "out": out}, cupy)
+    _check_no_alias(out, arrays)
+    if m == 0:
+        return
+    cfg = _select("contiguous", m, n, k, g)
+    _launch(cfg, "contiguous", n, k, g, m, m, a, _prepare_sfa(sfa), b, _prepare_sfb(sfb, cupy),
+            out, m_indices, 1)
+
+
+def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs, rhs, out, masked_m, expected_m: int) -> None:
+    """Grouped GEMM over per-expert padded batches (MoE decode, CUDA-graph friendly).
+
+    For each group ``g``, rows ``[0, masked_m[g])`` of ``lhs[g]`` are
+    multiplied by expert ``g``'s weights.
+
+    Args:
+        lhs: ``(a, sfa)``: ``a`` uint8 ``[g, m_max, k]``, ``sfa`` float32
+            ``[g, m_max, ceil(k/128)]``.
+        rhs: ``(b, sfb)``: ``b`` uint8 ``[g, n, k]``, ``sfb`` float32
+            ``[g, ceil(n/128), ceil(k/128)]``.
+        out: bfloat16 ``[g, m_max, n]``; its group stride must equal
+            ``m_max`` times its row stride.
+        masked_m: int32 ``[g]`` on the device: valid rows per group.  Read
+            on the device only, so it may change between calls (or CUDA
+            graph replays) without recompiling or synchronising.  Values are
+            clamped to ``[0, m_max]``.
+        expected_m: host int ``>= 1``, a hint of the typical ``masked_m`` used
+            only to choose the kernel configuration.
+
+    Results: rows ``>= masked_m[g]`` of ``out[g]`` are **left untouched**;
+    whatever the padding rows of ``lhs`` or their scales hold (NaN, huge
+    values, uninitialised memory) never reaches a valid row.  Any ``m_max``
+    works; reads and writes never cross into the next group.
+
+    Raises: as :func:`gemm_fp8_fp8_bf16_nt`.
+    """
+    cupy = _cupy()
+    a, sfa = _pair("lhs", lhs)
+    b, sfb = _pair("rhs", rhs)
+    a = _as_fp8("lhs[0] (a)", a, 3, cupy)
+    b = _as_fp8("rhs[0] (b)", b, 3, cupy)
+    g, m_max, k = a.shape
+    gb, n, kb_ = b.shape
+    if gb != g:
+        raise ValueError(f"a has {g} groups but b has {gb}")
+    if kb_ != k:
+        raise ValueError(f"a is [g, m_max, k] = {list(a.shape)} and b is [g, n, k] = {list(b.shape)}: k differs")
+    _check_nk(n, k)
+    kb, nb = -(-k // 128), -(-n // 128)
+    _check_f32("lhs[1] (sfa)", sfa, (g, m_max, kb), cupy)
+    _check_f32("rhs[1] (sfb)", sfb, (g, nb, kb), cupy)
+    _check_out("out", out, (g, m_max, n), cupy)
+    _check_int32("masked_m", masked_m, (g,), cupy)
+    if isinstance(expected_m, bool) or not isinstance(expected_m, (int, np.integer)):
+        raise TypeError(f"expected_m must be a host int, got {type(expected_m).__name__}")
+    if expected_m < 1:
+        raise ValueError(f"expected_m = {expected_m} must be >= 1")
+    if g > 1 and m_max > 1 and out.strides[0] != m_max * out.strides[1]:
+        raise ValueError(f"out's group stride {out.strides[0]} B must equal m_max * row stride "
+                         f"= {m_max * out.strides[1]} B")
+    if g * m_max > _INT32_MAX:
+        raise ValueError(f"g * m_max = {g * m_max} exceeds 2^31 - 1 rows")
+    arrays = {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "masked_m": masked_m}
+    _check_devices({**arrays, "out": out}, cupy)
+    _check_no_alias(out, arrays)
+    if g == 0 or m_max == 0:
+        return
+    cfg = _select("masked", min(int(expected_m), m_max), n, k, g)
+    _launch(cfg, "masked", n, k, g, m_max, m_max, a, _prepare_sfa(sfa), b, _prepare_sfb(sfb, cupy),
+            out, masked_m, g)
+
+
+def get_gemm_config(kind: str, m: int, n: int, k: int, num_groups: int = 1):
+    """The :class:`cugemm8._config.GemmConfig` an op would use on the current device."""
+    return _config.select_config(kind, m, n, k, num_groups=num_groups,
+                                 num_sms=_device.get_num_sms())

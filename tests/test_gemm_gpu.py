@@ -1,0 +1,313 @@
+"""GPU tests of the normal GEMM (need a Hopper GPU; skipped elsewhere).
+
+Every test draws fresh random inputs, poisons the output (NaN bits) inside a
+buffer with guard rows and columns, and checks each element against the
+float64 reference of the dequantised operands within the promotion bound
+(tests/gpu_helpers.py), plus the guards and bit-identical reruns.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st, HealthCheck
+
+import cugemm8
+from cugemm8 import _config, gemm as _gemm
+from tests import gpu_helpers as H
+
+pytestmark = pytest.mark.gpu
+
+NK_TABLE = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (576, 7168)]
+
+
+@pytest.fixture(scope="module")
+def cp():
+    import cupy
+    return cupy
+
+
+def make_operands(cp, rng, m, n, k, *, spread=3):
+    kb, nb = -(-k // 128), -(-n // 128)
+    a = H.random_fp8(cp, rng, (m, k))
+    b = H.random_fp8(cp, rng, (n, k))
+    sfa = H.random_scales(cp, rng, (m, kb), spread=spread)
+    sfb = H.random_scales(cp, rng, (nb, kb), spread=spread)
+    return a, sfa, b, sfb
+
+
+def run_checked(cp, a, sfa, b, sfb, *, what="", rerun=True, sfa_for_call=None):
+    m, n = a.shape[0], b.shape[0]
+    out, full = H.poisoned_out(cp, m, n)
+    lhs_sfa = sfa if sfa_for_call is None else sfa_for_call
+    cugemm8.gemm_fp8_fp8_bf16_nt((a, lhs_sfa), (b, sfb), out)
+    ref, bound = H.reference_and_bound(cp, a, sfa, b, sfb)
+    H.check_against(cp, out, ref, bound, what=what)
+    assert H.guards_intact(cp, full, m, n), f"{what}: a guard row/column was written"
+    if rerun:
+        out2, _ = H.poisoned_out(cp, m, n)
+        cugemm8.gemm_fp8_fp8_bf16_nt((a, lhs_sfa), (b, sfb), out2)
+        assert bool(cp.all(out.view(cp.uint16) == out2.view(cp.uint16))), f"{what}: rerun not bit-identical"
+    return out, ref
+
+
+@pytest.mark.parametrize("m", [1, 64, 128, 4096])
+@pytest.mark.parametrize("n,k", NK_TABLE)
+def test_deepseek_table(cp, m, n, k):
+    rng = np.random.default_rng(m * 7919 + n * 31 + k)
+    a, sfa, b, sfb = make_operands(cp, rng, m, n, k)
+    sfa_tma = cugemm8.get_col_major_tma_aligned_tensor(sfa)
+    run_checked(cp, a, sfa, b, sfb, what=f"m={m} n={n} k={k}", sfa_for_call=sfa_tma)
+
+
+@pytest.mark.parametrize("m,n,k", [(64, 2112, 7168), (128, 4096, 7168), (256, 7168, 2048), (1, 576, 7168)])
+def test_against_unquantised_product(cp, m, n, k):
+    """DeepGEMM's end-to-end criterion: calc_diff < 1e-3 against the float64
+    product of the unquantised inputs (quantised by cugemm8.reference)."""
+    from cugemm8 import reference as R
+    rng = np.random.default_rng(m + n + k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    a, sfa = R.per_token_cast_to_fp8(x)
+    b, sfb = R.per_block_cast_to_fp8(w)
+    out = cp.empty((m, n), dtype=cp.dtype("bfloat16"))
+    cugemm8.gemm_fp8_fp8_bf16_nt((cp.asarray(a), cp.asarray(sfa)), (cp.asarray(b), cp.asarray(sfb)), out)
+    exact = x.astype(np.float64) @ w.astype(np.float64).T
+    assert H.calc_diff(cp, out, cp.asarray(exact)) < 1e-3
+    # cross-check the GPU reference with the NumPy one on this shape
+    ref_np = R.ref_gemm_nt(a, sfa, b, sfb)
+    ref_gpu, _ = H.reference_and_bound(cp, cp.asarray(a), cp.asarray(sfa), cp.asarray(b), cp.asarray(sfb))
+    np.testing.assert_allclose(cp.asnumpy(ref_gpu), ref_np, rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(m=st.integers(1, 700),
+       n=st.sampled_from([8, 16, 24, 40, 136, 264, 520, 1032, 2112]),
+       k=st.sampled_from([16, 48, 128, 144, 256, 576, 1040, 1152]),
+       seed=st.integers(0, 2 ** 31))
+def test_lattice_sweep(cp, m, n, k, seed):
+    rng = np.random.default_rng(seed)
+    a, sfa, b, sfb = make_operands(cp, rng, m, n, k)
+    run_checked(cp, a, sfa, b, sfb, what=f"m={m} n={n} k={k}", rerun=False)
+
+
+# Forced configurations: every tile family, multicast side and phantom case,
+# on a shape whose M, N and K all leave tails.
+FORCED = [
+    (64, 16, 6, 1, False), (64, 56, 8, 1, False), (64, 192, 4, 1, False),
+    (128, 112, 5, 1, False), (128, 136, 4, 1, False), (128, 144, 4, 1, False), (128, 160, 4, 1, False),
+    (128, 192, 4, 2, True), (128, 128, 5, 2, False), (256, 128, 3, 2, True), (256, 128, 3, 2, False),
+    (256, 112, 3, 1, False), (128, 8, 6, 2, True), (64, 24, 6, 2, False),
+]
+
+
+@pytest.mark.parametrize("bm,bn,stages,mc,on_a", FORCED)
+@pytest.mark.parametrize("num_sms", [132, 7])
+def test_forced_configs(cp, bm, bn, stages, mc, on_a, num_sms):
+    m, n, k = 333, 1000, 1040        # tails in M, N (vs BLOCK_N) and K (1040 = 8*128 + 16)
+    if mc == 2 and num_sms % 2:
+        num_sms -= 1
+    cfg = _config.make_config("normal", bm, bn, stages, k, num_multicast=mc, multicast_on_a=on_a,
+                              num_sms=num_sms)
+    ok, why = _config.is_legal(cfg, k=k)
+    assert ok, why
+    rng = np.random.default_rng(bm * bn + stages)
+    a, sfa, b, sfb = make_operands(cp, rng, m, n, k)
+    out, full = H.poisoned_out(cp, m, n)
+    _gemm._launch(cfg, "normal", n, k, 1, m, m, a, cugemm8.get_col_major_tma_aligned_tensor(sfa), b, sfb,
+                  out, None, 1)
+    ref, bound = H.reference_and_bound(cp, a, sfa, b, sfb)
+    H.check_against(cp, out, ref, bound, what=str(cfg))
+    assert H.guards_intact(cp, full, m, n)
+
+
+def test_m_zero_launches_nothing(cp):
+    a = cp.zeros((0, 7168), cp.uint8)
+    sfa = cp.zeros((0, 56), cp.float32)
+    b = cp.ones((4096, 7168), cp.uint8)
+    sfb = cp.ones((32, 56), cp.float32)
+    out = cp.zeros((0, 4096), cp.dtype("bfloat16"))
+    cugemm8.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), out)   # adversarial.md item 3
+
+
+@pytest.mark.parametrize("k", [128, 384, 640, 1152, 1664, 7232])
+def test_odd_k_block_counts(cp, k):
+    """adversarial.md item 1: odd numbers of K blocks and a half-full last block."""
+    rng = np.random.default_rng(k)
+    a, sfa, b, sfb = make_operands(cp, rng, 128, 7168, k)
+    run_checked(cp, a, sfa, b, sfb, what=f"k={k}", rerun=False)
+
+
+@pytest.mark.parametrize("n,k", [(7168, 2048), (2112, 7168)])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 7, 63, 65, 127, 129, 133])
+def test_small_odd_m_constant_rows(cp, m, n, k):
+    """adversarial.md item 2: row i of X is (i+1)/16, so Y[i] = (i+1)/16 * rowsum(W)."""
+    rng = np.random.default_rng(m)
+    kb, nb = -(-k // 128), -(-n // 128)
+    # payload 0x38 = 1.0 in e4m3; scale (i+1)/16 per row gives X[i, :] = (i+1)/16
+    a = cp.full((m, k), 0x38, cp.uint8)
+    sfa = cp.asarray(np.repeat(((np.arange(m) + 1) / 16).astype(np.float32)[:, None], kb, axis=1))
+    b = H.random_fp8(cp, rng, (n, k))
+    sfb = H.random_scales(cp, rng, (nb, kb))
+    out, ref = run_checked(cp, a, sfa, b, sfb, what=f"m={m}")
+    # rows are multiples of row 0 (no swaps): Y[i] / Y[0] == i + 1 within bf16 rounding
+    got = H.to_f64(cp, out)
+    ratio = got / got[:1]
+    want = cp.arange(1, m + 1, dtype=cp.float64)[:, None]
+    mask = cp.abs(got[:1]) > 1e-3 * cp.abs(got[:1]).max()
+    assert bool(cp.all(cp.where(mask, cp.abs(ratio - want) <= want * 2 ** -6, True)))
+
+
+def test_zero_rows_and_zero_scales(cp):
+    """adversarial.md item 8: all-zero rows/blocks with scale 0 give exact 0, never NaN."""
+    rng = np.random.default_rng(8)
+    m, n, k = 8, 256, 256
+    a, sfa, b, sfb = make_operands(cp, rng, m, n, k)
+    a[3] = 0
+    sfa[3] = 0
+    a[5, 128:] = 0
+    sfa[5, 1] = 0
+    out, ref = run_checked(cp, a, sfa, b, sfb)
+    assert bool(cp.all(out[3].astype(cp.float32) == 0))
+    assert not bool(cp.isnan(out.astype(cp.float32)).any())
+
+
+def test_saturated_payloads_stay_finite(cp):
+    """adversarial.md item 9: payloads at +-448 everywhere, large scales; finite output."""
+    m, n, k = 64, 512, 7168
+    a = cp.full((m, k), 0x7E, cp.uint8)          # +448
+    b = cp.full((n, k), 0xFE, cp.uint8)          # -448
+    sfa = cp.full((m, 56), 1e-3, cp.float32)
+    sfb = cp.full((4, 56), 1e-3, cp.float32)
+    out, ref = run_checked(cp, a, sfa, b, sfb)
+    assert bool(cp.all(cp.isfinite(out.astype(cp.float32))))
+
+
+@pytest.mark.parametrize("tiny", [1e-23, 1e-38, 1e-40])
+def test_tiny_scales(cp, tiny):
+    """adversarial.md item 10: tiny / subnormal block scales give the right tiny
+    magnitude (subnormals are not flushed), never NaN, neighbours unaffected."""
+    rng = np.random.default_rng(10)
+    m, n, k = 128, 512, 512
+    a, sfa, b, sfb = make_operands(cp, rng, m, n, k)
+    sfa[:] = 1.0
+    sfb[1, :] = tiny          # one tiny 128-row block among normal ones
+    out, ref = run_checked(cp, a, sfa, b, sfb)
+    assert not bool(cp.isnan(out.astype(cp.float32)).any())
+
+
+def test_scale_orientation_by_strides(cp):
+    """adversarial.md item 12: token-major and K-major sfa with the same logical
+    values give the same, exactly known answer."""
+    m, k, n = 3, 512, 256
+    a = cp.full((m, k), 0x38, cp.uint8)
+    b = cp.full((n, k), 0x38, cp.uint8)
+    s = np.array([[1 + i + 10 * j for j in range(4)] for i in range(m)], np.float32)
+    sfb = cp.ones((2, 4), cp.float32)
+    expect = 128 * s.sum(axis=1)                       # Y[m, n] = 128 * sum_b s[m, b]
+    k_major = cp.asarray(s)                            # strides (16, 4)
+    tok_major = cp.asarray(np.ascontiguousarray(s.T)).T  # strides (4, 12)
+    for sfa in (k_major, tok_major):
+        out = cp.empty((m, n), cp.dtype("bfloat16"))
+        cugemm8.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), out)
+        got = cp.asnumpy(out.astype(cp.float32))
+        np.testing.assert_array_equal(got, np.repeat(expect[:, None], n, axis=1).astype(np.float32))
+
+
+def test_padded_strides_same_bits(cp):
+    """adversarial.md item 15: a padded row stride gives the same bits as a copy."""
+    rng = np.random.default_rng(15)
+    m, n, k = 96, 512, 7168
+    a, sfa, b, sfb = make_operands(cp, rng, m, n, k)
+    a_pad = cp.zeros((m, k + 16), cp.uint8)[:, :k]
+    a_pad[...] = a
+    b_pad = cp.zeros((n, k + 16), cp.uint8)[:, :k]
+    b_pad[...] = b
+    o1 = cp.empty((m, n), cp.dtype("bfloat16"))
+    o2 = cp.empty((m, n), cp.dtype("bfloat16"))
+    cugemm8.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), o1)
+    cugemm8.gemm_fp8_fp8_bf16_nt((a_pad, sfa), (b_pad, sfb), o2)
+    assert bool(cp.all(o1.view(cp.uint16) == o2.view(cp.uint16)))
+
+
+def test_misaligned_and_column_major_rejected(cp):
+    m, n, k = 64, 256, 7168
+    buf = cp.zeros(m * k + 16, cp.uint8)
+    a_mis = buf[1:1 + m * k].reshape(m, k)
+    b = cp.zeros((n, k), cp.uint8)
+    sfa = cp.ones((m, 56), cp.float32)
+    sfb = cp.ones((2, 56), cp.float32)
+    out = cp.empty((m, n), cp.dtype("bfloat16"))
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        cugemm8.gemm_fp8_fp8_bf16_nt((a_mis, sfa), (b, sfb), out)
+    z = cp.zeros((k, m), cp.uint8)
+    with pytest.raises(ValueError, match="K-major"):
+        cugemm8.gemm_fp8_fp8_bf16_nt((z.T, sfa), (b, sfb), out)
+
+
+def test_nan_rows_stay_in_their_row(cp):
+    rng = np.random.default_rng(5)
+    m, n, k = 200, 512, 1024
+    a, sfa, b, sfb = make_operands(cp, rng, m, n, k)
+    a[17, 300] = 0x7F          # NaN payload
+    sfa[150, 2] = float("inf")
+    out = cp.empty((m, n), cp.dtype("bfloat16"))
+    cugemm8.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), out)
+    f = out.astype(cp.float32)
+    bad_rows = set(np.nonzero(cp.asnumpy(~cp.isfinite(f).all(axis=1)))[0].tolist())
+    assert bad_rows <= {17, 150} and 17 in bad_rows
+    keep = np.setdiff1d(np.arange(m), [17, 150])
+    ref, bound = H.reference_and_bound(cp, a[keep], sfa[keep], b, sfb)
+    H.check_against(cp, out[keep], ref, bound)
+
+
+def test_two_streams_concurrently(cp):
+    rng = np.random.default_rng(2)
+    ops = [make_operands(cp, rng, 512, 2112, 7168) for _ in range(2)]
+    outs = [cp.empty((512, 2112), cp.dtype("bfloat16")) for _ in range(2)]
+    streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
+    for _ in range(5):
+        for s, (a, sfa, b, sfb), o in zip(streams, ops, outs):
+            with s:
+                cugemm8.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), o)
+    for s in streams:
+        s.synchronize()
+    for (a, sfa, b, sfb), o in zip(ops, outs):
+        ref, bound = H.reference_and_bound(cp, a, sfa, b, sfb)
+        H.check_against(cp, o, ref, bound)
+
+
+def test_cuda_graph_replay_with_new_contents(cp):
+    rng = np.random.default_rng(3)
+    m, n, k = 256, 4096, 7168
+    a, sfa, b, sfb = make_operands(cp, rng, m, n, k)
+    sfa = cugemm8.get_col_major_tma_aligned_tensor(sfa)
+    out = cp.empty((m, n), cp.dtype("bfloat16"))
+    cugemm8.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), out)   # compile outside capture
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        cugemm8.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), out)
+        graph = stream.end_capture()
+    a2, sfa2, b2, sfb2 = make_operands(cp, rng, m, n, k)
+    a[...] = a2
+    sfa[...] = sfa2
+    graph.launch(stream)
+    stream.synchronize()
+    ref, bound = H.reference_and_bound(cp, a, sfa, b, sfb)
+    H.check_against(cp, out, ref, bound)
+
+
+def test_set_num_sms(cp):
+    rng = np.random.default_rng(4)
+    a, sfa, b, sfb = make_operands(cp, rng, 1024, 2112, 2048)
+    total = cugemm8.get_num_sms()
+    try:
+        for sms in (1, 33, 66):
+            cugemm8.set_num_sms(sms)
+            assert cugemm8.get_num_sms() == sms
+            assert cugemm8.get_gemm_config("normal", 1024, 2112, 2048).num_sms <= sms
+            run_checked(cp, a, sfa, b, sfb, what=f"sms={sms}", rerun=False)
+    finally:
+        cugemm8.set_num_sms(total)
+    with pytest.raises(ValueError):
+        cugemm8.set_num_sms(total + 1)

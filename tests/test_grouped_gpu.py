@@ -1,0 +1,183 @@
+"""GPU tests of the grouped GEMMs: contiguous (MoE prefill) and masked (decode)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st, HealthCheck
+
+import cugemm8
+from cugemm8 import _config, gemm as _gemm
+from tests import gpu_helpers as H
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def cp():
+    import cupy
+    return cupy
+
+
+def expert_weights(cp, rng, g, n, k):
+    kb, nb = -(-k // 128), -(-n // 128)
+    return H.random_fp8(cp, rng, (g, n, k)), H.random_scales(cp, rng, (g, nb, kb))
+
+
+# ---------------------------------------------------------------- contiguous
+
+def check_contiguous(cp, rng, sizes, n, k, *, junk_padding=True):
+    g = len(sizes)
+    m_indices, offsets = cugemm8.make_contiguous_layout(sizes)
+    m = int(m_indices.size)
+    kb = -(-k // 128)
+    a = H.random_fp8(cp, rng, (m, k))
+    sfa = H.random_scales(cp, rng, (m, kb))
+    idx = cp.asnumpy(m_indices)
+    if junk_padding and m:
+        pad = cp.asarray(idx == -1)
+        sfa[pad] = np.float32(3e38)          # junk in padding scales must not leak
+    b, sfb = expert_weights(cp, rng, g, n, k)
+    out, full = H.poisoned_out(cp, m, n)
+    cugemm8.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sfa), (b, sfb), out, m_indices)
+    got = H.to_f64(cp, out)
+    for e in range(g):
+        rows = np.nonzero(idx == e)[0]
+        if rows.size == 0:
+            continue
+        ref, bound = H.reference_and_bound(cp, a[rows], sfa[rows], b[e], sfb[e])
+        H.check_against(cp, out[rows], ref, bound, what=f"expert {e}")
+    pad_rows = np.nonzero(idx == -1)[0]
+    if pad_rows.size:
+        assert bool(cp.all(got[pad_rows] == 0)), "padding rows must be written as zeros"
+    assert H.guards_intact(cp, full, m, n)
+    return out
+
+
+@pytest.mark.parametrize("g,m_per,n,k", [(4, 8192, 4096, 7168), (4, 8192, 7168, 2048),
+                                         (8, 4096, 4096, 7168), (8, 4096, 7168, 2048)])
+def test_contiguous_table(cp, g, m_per, n, k):
+    rng = np.random.default_rng(g * m_per + n)
+    sizes = [int(m_per * f) for f in rng.uniform(0.7, 1.3, g)]
+    check_contiguous(cp, rng, sizes, n, k)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@given(sizes=st.lists(st.sampled_from([0, 1, 5, 127, 128, 129, 200, 256, 300]), min_size=1, max_size=12),
+       n=st.sampled_from([256, 520, 2112]), k=st.sampled_from([128, 576, 1040]), seed=st.integers(0, 2 ** 31))
+def test_contiguous_sweep(cp, sizes, n, k, seed):
+    check_contiguous(cp, np.random.default_rng(seed), sizes, n, k)
+
+
+def test_contiguous_layout_violations_are_nan(cp):
+    rng = np.random.default_rng(1)
+    n, k = 256, 256
+    m_indices, _ = cugemm8.make_contiguous_layout([128, 128])
+    m_indices[5] = 1            # a row of expert 1 inside expert 0's block
+    m_indices[130] = 7          # an expert id outside [0, g)
+    a = H.random_fp8(cp, rng, (256, k))
+    sfa = H.random_scales(cp, rng, (256, 2))
+    b, sfb = expert_weights(cp, rng, 2, n, k)
+    out = cp.empty((256, n), cp.dtype("bfloat16"))
+    cugemm8.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sfa), (b, sfb), out, m_indices)
+    f = out.astype(cp.float32)
+    assert bool(cp.isnan(f[5]).all()) and bool(cp.isnan(f[130]).all())
+    assert bool(cp.isfinite(f[:5]).all()) and bool(cp.isfinite(f[131:]).all())
+
+
+def test_contiguous_all_padding_and_empty(cp):
+    rng = np.random.default_rng(2)
+    check_contiguous(cp, rng, [0, 0, 0], 256, 256)
+    m_indices = cp.full((256,), -1, cp.int32)
+    a = H.random_fp8(cp, rng, (256, 256))
+    sfa = H.random_scales(cp, rng, (256, 2))
+    b, sfb = expert_weights(cp, rng, 3, 256, 256)
+    out, full = H.poisoned_out(cp, 256, 256)
+    cugemm8.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sfa), (b, sfb), out, m_indices)
+    assert bool(cp.all(out.astype(cp.float32) == 0))
+
+
+# ---------------------------------------------------------------- masked
+
+def check_masked(cp, rng, g, m_max, n, k, masked_m, expected_m, *, cfg=None):
+    kb = -(-k // 128)
+    a = H.random_fp8(cp, rng, (g, m_max, k), nan_free=False)     # padding rows may hold NaN codes
+    sfa = H.random_scales(cp, rng, (g, m_max, kb))
+    valid = np.zeros((g, m_max), bool)
+    for i, v in enumerate(masked_m):
+        valid[i, :max(0, min(v, m_max))] = True
+    a_np = cp.asnumpy(a)
+    a_np[valid] = np.where((a_np[valid] & 0x7F) == 0x7F, 0x7E, a_np[valid])   # valid rows finite
+    a = cp.asarray(a_np)
+    sfa_np = cp.asnumpy(sfa)
+    sfa_np[~valid] = np.float32(np.nan)                                       # junk scales in padding
+    sfa = cp.asarray(sfa_np)
+    b, sfb = expert_weights(cp, rng, g, n, k)
+    out, full = H.poisoned_out(cp, m_max, n, batch=g, guard_rows=0, guard_cols=0)
+    mm = cp.asarray(np.asarray(masked_m, np.int32))
+    if cfg is None:
+        cugemm8.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a, sfa), (b, sfb), out, mm, expected_m)
+    else:
+        _gemm._launch(cfg, "masked", n, k, g, m_max, m_max, a, cugemm8.get_col_major_tma_aligned_tensor(sfa),
+                      b, sfb, out, mm, g)
+    bits = out.view(cp.uint16)
+    for i in range(g):
+        v = max(0, min(masked_m[i], m_max))
+        if v:
+            ref, bound = H.reference_and_bound(cp, a[i, :v], sfa[i, :v], b[i], sfb[i])
+            H.check_against(cp, out[i, :v], ref, bound, what=f"group {i}")
+        assert bool(cp.all(bits[i, v:] == H.POISON_BITS)), f"group {i}: rows >= masked_m were written"
+
+
+@pytest.mark.parametrize("g,m_max,n,k", [(1, 1024, 4096, 7168), (1, 1024, 7168, 2048), (2, 512, 4096, 7168),
+                                         (2, 512, 7168, 2048), (4, 256, 4096, 7168), (4, 256, 7168, 2048)])
+def test_masked_table(cp, g, m_max, n, k):
+    rng = np.random.default_rng(g * m_max + n)
+    masked = [int(x) for x in rng.integers(0, m_max + 1, g)]
+    check_masked(cp, rng, g, m_max, n, k, masked, max(1, m_max // 2))
+    check_masked(cp, rng, g, m_max, n, k, [m_max] * g, m_max)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@given(g=st.integers(1, 64), m_max=st.sampled_from([1, 20, 64, 127, 128, 129, 200, 256]),
+       n=st.sampled_from([256, 520, 2112]), k=st.sampled_from([128, 576, 1040]),
+       expected_m=st.integers(1, 4096), data=st.data())
+def test_masked_sweep(cp, g, m_max, n, k, expected_m, data):
+    masked = data.draw(st.lists(st.sampled_from([0, 1, 63, 64, 65, 127, 128, 129, 200, 256, 10 ** 6, -5]),
+                                min_size=g, max_size=g))
+    check_masked(cp, np.random.default_rng(data.draw(st.integers(0, 2 ** 31))), g, m_max, n, k,
+                 masked, expected_m)
+
+
+@pytest.mark.parametrize("bm,bn,stages,mc,on_a", [(64, 32, 8, 1, False), (128, 144, 4, 2, True),
+                                                  (256, 112, 3, 2, True), (256, 128, 3, 1, False)])
+def test_masked_forced_configs(cp, bm, bn, stages, mc, on_a):
+    g, m_max, n, k = 3, 200, 1000, 640
+    cfg = _config.make_config("masked", bm, bn, stages, k, num_multicast=mc, multicast_on_a=on_a, num_sms=132)
+    assert _config.is_legal(cfg, k=k)[0]
+    check_masked(cp, np.random.default_rng(bm + bn), g, m_max, n, k, [200, 0, 77], 100, cfg=cfg)
+
+
+def test_masked_graph_replay_with_new_masked_m(cp):
+    rng = np.random.default_rng(9)
+    g, m_max, n, k = 4, 256, 4096, 7168
+    a = H.random_fp8(cp, rng, (g, m_max, k))
+    sfa = cugemm8.get_col_major_tma_aligned_tensor(H.random_scales(cp, rng, (g, m_max, 56)))
+    b, sfb = expert_weights(cp, rng, g, n, k)
+    masked_m = cp.asarray(np.array([10, 200, 0, 256], np.int32))
+    out = cp.zeros((g, m_max, n), cp.dtype("bfloat16"))
+    cugemm8.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a, sfa), (b, sfb), out, masked_m, 128)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        cugemm8.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a, sfa), (b, sfb), out, masked_m, 128)
+        graph = stream.end_capture()
+    new = [256, 3, 129, 0]
+    masked_m[...] = cp.asarray(np.array(new, np.int32))
+    out[...] = 0
+    graph.launch(stream)
+    stream.synchronize()
+    for i, v in enumerate(new):
+        if v:
+            ref, bound = H.reference_and_bound(cp, a[i, :v], sfa[i, :v], b[i], sfb[i])
+            H.check_against(cp, out[i, :v], ref, bound)
+        assert bool(cp.all(out[i, v:].astype(cp.float32) == 0))

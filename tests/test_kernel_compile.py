@@ -1,0 +1,89 @@
+"""CPU (no GPU) compile checks of the GEMM kernels for sm_90a.
+
+Compiles the instantiations the heuristics pick for every benchmark shape
+(and a few forced edge configurations) with NVRTC, then asserts from ptxas's
+report and the SASS: no spills, no stack frame, no WGMMA serialisation
+warning, QGMMA (FP8 tensor-core) instructions present.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from cugemm8 import _config, _jit, gemm as _gemm
+
+pytestmark = pytest.mark.compile
+
+NORMAL = [(m, n, k) for m in (1, 64, 128, 4096)
+          for n, k in [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168),
+                       (7168, 2048), (576, 7168)]]
+GROUPED = [("contiguous", 4 * 8192, 4096, 7168, 4), ("contiguous", 4 * 8192, 7168, 2048, 4),
+           ("contiguous", 8 * 4096, 4096, 7168, 8), ("contiguous", 8 * 4096, 7168, 2048, 8),
+           ("masked", 1024, 4096, 7168, 1), ("masked", 1024, 7168, 2048, 1), ("masked", 512, 4096, 7168, 2),
+           ("masked", 512, 7168, 2048, 2), ("masked", 256, 4096, 7168, 4), ("masked", 256, 7168, 2048, 4)]
+# Extra edge instantiations: every swizzle width, both multicast sides, BLOCK_N 8 / 136 / 160.
+FORCED = [("normal", 64, 8, 16, 1, False, 576, 7168), ("normal", 128, 136, 4, 1, False, 1000, 1040),
+          ("normal", 128, 160, 4, 2, True, 1000, 1040), ("normal", 256, 128, 3, 2, False, 1000, 1040),
+          ("normal", 64, 24, 6, 2, False, 1000, 1040), ("masked", 256, 112, 3, 2, True, 1000, 640)]
+
+
+def _names():
+    names = set()
+    for m, n, k in NORMAL:
+        cfg = _config.select_config("normal", m, n, k, num_sms=132)
+        names.add(_gemm._kernel_name(cfg, n, k, 0, 1))
+    for kind, m, n, k, g in GROUPED:
+        cfg = _config.select_config(kind, m, n, k, num_groups=g, num_sms=132)
+        names.add(_gemm._kernel_name(cfg, n, k, _gemm._GEMM_TYPE[kind], g))
+    for kind, bm, bn, st, mc, on_a, n, k in FORCED:
+        cfg = _config.make_config(kind, bm, bn, st, k, num_multicast=mc, multicast_on_a=on_a, num_sms=132)
+        assert _config.is_legal(cfg, k=k)[0]
+        names.add(_gemm._kernel_name(cfg, n, k, _gemm._GEMM_TYPE[kind], 3 if kind == "masked" else 1))
+    return sorted(names)
+
+
+@pytest.fixture(scope="module")
+def report():
+    want_sass = _jit.find_tool("ptxas") is not None and _jit.find_tool("cuobjdump") is not None
+    return _jit.compile_only("fp8_gemm_1d2d.cuh", _names(), sass=want_sass)
+
+
+def test_every_instantiation_compiles_without_spills(report):
+    names = _names()
+    assert len(report.resources) == len(names)
+    for r in report.resources.values():
+        assert r.stack_frame == 0, r
+        assert r.spill_stores == 0 and r.spill_loads == 0, r
+        assert r.registers <= 255, r
+
+
+def test_no_ptxas_performance_warnings(report):
+    # e.g. "wgmma.mma_async instructions are serialized due to ..." (C7510 / C7515)
+    assert not [w for w in report.warnings if "serializ" in w.lower() or "setmaxnreg" in w.lower()], \
+        report.warnings
+
+
+def test_sass_uses_fp8_wgmma(report):
+    if report.sass is None:
+        pytest.skip("ptxas / cuobjdump not found: install the CUDA toolkit or the test extra's wheels")
+    funcs = re.split(r"\n\s*Function : ", report.sass)[1:]
+    assert len(funcs) == len(report.resources)
+    for body in funcs:
+        name = body.splitlines()[0].strip()
+        assert "QGMMA" in body, f"{name}: no FP8 WGMMA (QGMMA) in SASS"
+        assert "LDL" not in body and "STL" not in body, f"{name}: local-memory traffic"
+
+
+def test_arch_guard_rejects_plain_sm90():
+    """The #error guard: a non-sm_90a build must fail loudly."""
+    src = _jit.build_source("fp8_gemm_1d2d.cuh")
+    import cupy._core.core as core
+    opts = core.assemble_cupy_compiler_options(_jit.compile_options()[1:]) + ("-arch=sm_90",)
+    with pytest.raises(RuntimeError, match="sm_90a"):
+        _jit._nvrtc_compile(src, opts, [], "cubin")
+
+
+def test_cold_compile_time(report):
+    # Cold NVRTC compile per kernel (the CPU here is slow; the budget is 2 s).
+    assert report.seconds / len(report.resources) < 2.0

@@ -92,17 +92,16 @@ def gpu_unavailable_reason() -> str | None:
 @functools.lru_cache(maxsize=None)
 def _device_info(device_id: int) -> dict:
     cupy = _import_cupy()
-    attrs = cupy.cuda.Device(device_id).attributes
     props = cupy.cuda.runtime.getDeviceProperties(device_id)
     name = props["name"]
     if isinstance(name, bytes):
         name = name.decode(errors="replace")
     return {
         "name": name,
-        "cc": f"{attrs['ComputeCapabilityMajor']}{attrs['ComputeCapabilityMinor']}",
-        "num_sms": attrs["MultiProcessorCount"],
-        "smem_optin": attrs["MaxSharedMemoryPerBlockOptin"],
-        "l2_bytes": attrs["L2CacheSize"],
+        "cc": f"{props['major']}{props['minor']}",
+        "num_sms": int(props["multiProcessorCount"]),
+        "smem_optin": int(props["sharedMemPerBlockOptin"]),
+        "l2_bytes": int(props["l2CacheSize"]),
     }
 
 

@@ -88,8 +88,10 @@ def make_descriptor(dtype: str, address: int, dims, strides, box, *, swizzle: in
         raise ValueError(f"TMA descriptor rejected: {why}")
     d, dt, sw, l2 = _enums(dtype, swizzle, l2_256)
     rank = len(dims)
+    u64, u32 = d.cuuint64_t, d.cuuint32_t
     err, tmap = d.cuTensorMapEncodeTiled(
-        dt, rank, address, list(dims), list(strides), list(box), [1] * rank,
+        dt, rank, address, [u64(x) for x in dims], [u64(x) for x in strides],
+        [u32(x) for x in box], [u32(1)] * rank,
         d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, sw, l2,
         d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
     if err != d.CUresult.CUDA_SUCCESS:

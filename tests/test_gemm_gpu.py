@@ -291,6 +291,7 @@ def test_cuda_graph_replay_with_new_contents(cp):
     a2, sfa2, b2, sfb2 = make_operands(cp, rng, m, n, k)
     a[...] = a2
     sfa[...] = sfa2
+    cp.cuda.Device().synchronize()      # the updates ran on the legacy stream
     graph.launch(stream)
     stream.synchronize()
     ref, bound = H.reference_and_bound(cp, a, sfa, b, sfb)

@@ -174,6 +174,7 @@ def test_masked_graph_replay_with_new_masked_m(cp):
     new = [256, 3, 129, 0]
     masked_m[...] = cp.asarray(np.array(new, np.int32))
     out[...] = 0
+    cp.cuda.Device().synchronize()      # the updates ran on the legacy stream
     graph.launch(stream)
     stream.synchronize()
     for i, v in enumerate(new):

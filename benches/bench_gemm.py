@@ -1,0 +1,445 @@
+"""Benchmark cugemm8's FP8 GEMMs on the DeepSeek-V3 shapes.
+
+    python benches/bench_gemm.py [--kinds normal,contiguous,masked] [--quick]
+                                 [--m1] [--reps 40] [--json OUT] [--plot OUT.png]
+    python benches/bench_gemm.py --from-json OUT [--plot OUT.png]   # re-render, no GPU
+
+Per shape: the chosen config, kernel time (median of --reps CUDA-event
+timings, 256 MB L2 flush before each), TFLOPS (2MNK/t), GB/s (A + B + D +
+SFA + SFB over t) and its share of the device-to-device copy rate measured
+in the same run, a calc_diff check against a float64 reference, the
+cuBLASLt blockwise-FP8 baseline through PyTorch in the same run (checked
+too; 'wrong' results are excluded), DeepGEMM's H200 figure and the 1.10x
+target from shared/notes/benchmarks.md.  Geometric means close the report.
+
+Test data: see :mod:`cugemm8.cli` (block-varied normal values quantised per
+1x128 / 128x128 block, amax / 448 scales).  Grouped shapes use exactly M rows
+per group (contiguous: 128-aligned, no padding rows; masked: masked_m = m_max).
+This script reports; it never asserts.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+if str(_HERE) not in sys.path:
+    sys.path.insert(0, str(_HERE))
+if (_HERE.parent / "cugemm8").is_dir() and str(_HERE.parent) not in sys.path:
+    sys.path.insert(1, str(_HERE.parent))          # benchmark the checkout it lives in
+
+from cugemm8.cli import (DEEPSEEK_NK, Shape, bf16_to_f64, calc_diff, config_string,  # noqa: E402
+                         gemm_bytes, gemm_call, make_operands, poisoned_out, print_table,
+                         reference, valid_rows)
+
+PEAK_TFLOPS = 1979.0                  # H200 dense FP8 tensor-core peak
+TARGET_FACTOR = 1.10
+CHECK_LIMIT = 1e-3
+
+NORMAL_MS = (64, 128, 4096)
+CONTIGUOUS = ((4, 8192, 4096, 7168), (4, 8192, 7168, 2048),
+              (8, 4096, 4096, 7168), (8, 4096, 7168, 2048))
+MASKED = ((1, 1024, 4096, 7168), (1, 1024, 7168, 2048), (2, 512, 4096, 7168),
+          (2, 512, 7168, 2048), (4, 256, 4096, 7168), (4, 256, 7168, 2048))
+
+#: DeepGEMM v2.6.1 on an H200, TFLOPS (shared/notes/benchmarks.md, anchor 1),
+#: keyed by (kind, G, M, N, K) with M per group for grouped kinds.
+_DG_NORMAL = {64: (194, 294, 239, 373, 278, 236),
+              128: (355, 566, 412, 695, 543, 411),
+              4096: (1313, 1337, 1082, 1471, 1365, 1295)}
+DEEPGEMM_H200 = {("normal", 1, m, n, k): tf
+                 for m, row in _DG_NORMAL.items() for (n, k), tf in zip(DEEPSEEK_NK[:6], row)}
+DEEPGEMM_H200.update({("contiguous",) + s: tf for s, tf in zip(CONTIGUOUS, (1375, 1326, 1331, 1328))})
+DEEPGEMM_H200.update({("masked",) + s: tf for s, tf in zip(MASKED, (1185, 848, 1266, 906, 1060, 841))})
+
+
+# ----------------------------------------------------------------------------
+# Shapes
+# ----------------------------------------------------------------------------
+
+def bench_shapes(kinds, quick: bool, m1: bool) -> list[Shape]:
+    """The shapes to run, in report order."""
+    if quick:
+        normal = [Shape("normal", m, n, k) for m, n, k in
+                  ((64, 2112, 7168), (128, 7168, 2048), (4096, 4096, 7168))]
+        contiguous = [Shape("contiguous", 4096, 7168, 2048, 8)]
+        masked = [Shape("masked", 256, 7168, 2048, 4)]
+    else:
+        ms = ((1,) if m1 else ()) + NORMAL_MS
+        normal = [Shape("normal", m, n, k) for m in ms for n, k in DEEPSEEK_NK]
+        contiguous = [Shape("contiguous", m, n, k, g) for g, m, n, k in CONTIGUOUS]
+        masked = [Shape("masked", m, n, k, g) for g, m, n, k in MASKED]
+    table = {"normal": normal, "contiguous": contiguous, "masked": masked}
+    return [s for kind in kinds for s in table[kind]]
+
+
+def anchor_tflops(shape: Shape):
+    return DEEPGEMM_H200.get((shape.kind, shape.num_groups, shape.m, shape.n, shape.k))
+
+
+# ----------------------------------------------------------------------------
+# Measuring one shape
+# ----------------------------------------------------------------------------
+
+def _groups(shape: Shape, ops: dict) -> list[tuple]:
+    """(a, sfa, b, sfb, rows of D) per group, for the per-group baseline."""
+    a, sfa, b, sfb = ops["a"], ops["sfa"], ops["b"], ops["sfb"]
+    if shape.kind == "normal":
+        return [(a, sfa, b, sfb, slice(None))]
+    if shape.kind == "contiguous":
+        out = []
+        for e, (off, size) in enumerate(zip(ops["offsets"], ops["sizes"])):
+            rows = slice(off, off + size)
+            out.append((a[rows], sfa[rows], b[e], sfb[e], rows))
+        return out
+    return [(a[g, :rows], sfa[g, :rows], b[g], sfb[g], (g, slice(0, rows)))
+            for g, rows in enumerate(ops["masked_host"]) if rows]
+
+
+def check_cugemm8(shape: Shape, ops: dict, out, ref, cp) -> tuple[str, float]:
+    """('ok' | 'FAIL', calc_diff) of cugemm8's output against the reference."""
+    got = bf16_to_f64(out, cp)
+    valid = ops["valid"]
+    diff = calc_diff(got[valid], ref[valid], cp)
+    return ("ok" if diff < CHECK_LIMIT else "FAIL"), diff
+
+
+def measure_baseline(shape: Shape, ops: dict, ref, args, flush) -> dict:
+    """Per-group cuBLASLt loop: validated against ``ref``, then timed (summed
+    kernel times).  Returns base_us / base_status / base_rel."""
+    import common
+    res = {"base_us": None, "base_status": "", "base_rel": None}
+    if args.no_baseline:
+        res["base_status"] = "n/a: --no-baseline"
+        return res
+    torch, api = common.load_torch()
+    if torch is None:
+        res["base_status"] = f"n/a: {api}"
+        return res
+    try:
+        runs, worst = [], 0.0
+        for a, sfa, b, sfb, rows in _groups(shape, ops):
+            run = common.torch_blockwise_gemm(a, sfa, b, sfb)
+            got = common.torch_to_f64(run(), a.shape[0])
+            worst = max(worst, common.rel_error(got, ref[rows]))
+            runs.append(run)
+        res["base_rel"] = worst
+        if not worst <= common.BASELINE_REL_LIMIT:
+            res["base_status"] = f"wrong (rel {worst:.1e})"
+            return res
+        res["base_us"] = common.time_calls(runs, reps=args.reps, warmup=args.warmup, flush=flush).median
+        res["base_status"] = "ok"
+    except Exception as exc:
+        res["base_status"] = "n/a: " + " ".join(f"{type(exc).__name__}: {exc}".split())[:160]
+    return res
+
+
+def measure_same_m_normal(shape: Shape, ops: dict, args, flush, cp) -> dict:
+    """Contiguous only: a normal cugemm8 GEMM with the same total M (A and
+    group 0's B), the 'within 5%' reference of benchmarks.md."""
+    import common
+    import cugemm8
+    m_sum = ops["a"].shape[0]
+    normal = Shape("normal", m_sum, shape.n, shape.k)
+    out = cp.empty((m_sum, shape.n), dtype=cp.dtype("bfloat16"))
+    sfa = cugemm8.get_col_major_tma_aligned_tensor(ops["sfa"])
+    lhs, rhs = (ops["a"], sfa), (ops["b"][0], ops["sfb"][0])
+    try:
+        t = common.time_call(lambda: cugemm8.gemm_fp8_fp8_bf16_nt(lhs, rhs, out),
+                             reps=args.reps, warmup=args.warmup, flush=flush)
+        return {"same_m_us": t.median, "same_m_config": config_string(normal)}
+    except Exception as exc:
+        return {"same_m_us": None, "same_m_config": f"error: {type(exc).__name__}: {exc}"[:160]}
+
+
+def bench_shape(shape: Shape, args, flush, copy_gbps: float) -> dict:
+    """Everything the report says about one shape (a JSON-able dict)."""
+    import common
+    import cupy as cp
+    row = {"kind": shape.kind, "m": shape.m, "n": shape.n, "k": shape.k, "g": shape.num_groups,
+           "label": shape.label()}
+    try:
+        ops = make_operands(shape, cp, seed=args.seed, vary=False)
+        row["config"] = config_string(shape, ops)
+        out = poisoned_out(shape, ops, cp)
+        run = gemm_call(shape, ops, out)
+        t0 = time.perf_counter()
+        run()
+        cp.cuda.get_current_stream().synchronize()
+        row["first_call_s"] = time.perf_counter() - t0
+        ref, _ = reference(ops, shape, cp)
+        row["check"], row["diff"] = check_cugemm8(shape, ops, out, ref, cp)
+        timing = common.time_call(run, reps=args.reps, warmup=args.warmup, flush=flush)
+        row["us"], row["spread"] = timing.median, timing.spread
+        row.update(measure_baseline(shape, ops, ref, args, flush))
+        del ref
+        if shape.kind == "contiguous":
+            row.update(measure_same_m_normal(shape, ops, args, flush, cp))
+        rows, num_b = valid_rows(shape, ops), shape.num_groups
+    except Exception as exc:
+        row.setdefault("config", "?")
+        row["check"] = "error: " + " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+        rows, num_b = None, shape.num_groups
+    finally:
+        common.release_memory()
+    return add_metrics(row, shape, rows, num_b, copy_gbps)
+
+
+def add_metrics(row: dict, shape: Shape, rows, num_b: int, copy_gbps: float) -> dict:
+    """FLOPs, bytes, TFLOPS, GB/s, % of copy, ratios to the baseline and anchor."""
+    rows = shape.m * shape.num_groups if rows is None else rows
+    row["flops"] = 2.0 * rows * shape.n * shape.k
+    row["bytes"] = gemm_bytes(rows, shape.n, shape.k, num_b)
+    us, base_us = row.get("us"), row.get("base_us")
+    row["tflops"] = row["flops"] / us / 1e6 if us else None
+    row["gbps"] = row["bytes"] / us / 1e3 if us else None
+    row["copy_pct"] = 100.0 * row["gbps"] / copy_gbps if us and copy_gbps else None
+    row["base_tflops"] = row["flops"] / base_us / 1e6 if base_us else None
+    row["ratio_base"] = row["tflops"] / row["base_tflops"] if row["tflops"] and row["base_tflops"] else None
+    anchor = anchor_tflops(shape)
+    row["anchor_tflops"] = anchor
+    row["target_tflops"] = anchor * TARGET_FACTOR if anchor else None
+    row["ratio_anchor"] = row["tflops"] / anchor if anchor and row["tflops"] else None
+    if row.get("same_m_us") and us:
+        row["contig_over_normal"] = us / row["same_m_us"]
+    return row
+
+
+# ----------------------------------------------------------------------------
+# Report
+# ----------------------------------------------------------------------------
+
+def _geomean(values) -> float:
+    vals = [v for v in values if v is not None and v == v and v > 0]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else float("nan")
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Per kind and overall: geometric means of the ratios, counts of misses."""
+    out = {}
+    for kind in ("normal", "contiguous", "masked", "all"):
+        sel = [r for r in rows if kind == "all" or r["kind"] == kind]
+        if not sel:
+            continue
+        small = [r["copy_pct"] for r in sel if r["kind"] == "normal" and r["m"] <= 128 and r.get("copy_pct")]
+        out[kind] = {
+            "shapes": len(sel),
+            "check_failures": sum(r.get("check") != "ok" for r in sel),
+            "geomean_vs_cublaslt": _geomean(r.get("ratio_base") for r in sel),
+            "baseline_shapes": sum(r.get("ratio_base") is not None for r in sel),
+            "min_vs_cublaslt": min((r["ratio_base"] for r in sel if r.get("ratio_base")), default=None),
+            "geomean_vs_deepgemm": _geomean(r.get("ratio_anchor") for r in sel),
+            "below_deepgemm": sum(r.get("ratio_anchor") is not None and r["ratio_anchor"] < 1 for r in sel),
+            "below_target": sum(r.get("ratio_anchor") is not None and r["ratio_anchor"] < TARGET_FACTOR
+                                for r in sel),
+            "anchored_shapes": sum(r.get("ratio_anchor") is not None for r in sel),
+            "min_copy_pct_m_le_128": min(small) if small else None,
+        }
+    return out
+
+
+def _f(x, spec: str, none: str = "-") -> str:
+    return none if x is None or x != x else format(x, spec)
+
+
+COLUMNS = ("kind", "shape", "config", "µs", "TFLOPS", "GB/s", "%copy", "check",
+           "cuBLASLt TF", "×cuBLASLt", "DeepGEMM TF", "×DeepGEMM", "target TF", "note")
+
+
+def table_row(r: dict) -> tuple:
+    base = _f(r.get("base_tflops"), ".0f") if r.get("base_status") == "ok" else (r.get("base_status") or "-")
+    check = r.get("check", "?")
+    if r.get("diff") is not None:
+        check = f"{check} {r['diff']:.1e}"
+    note = ""
+    if r.get("same_m_us"):
+        note = (f"normal M={r['m'] * r['g']}: {r['same_m_us']:.1f} µs "
+                f"({r['same_m_config']}), contig/normal {r['contig_over_normal']:.3f}")
+    if r.get("spread") is not None and r["spread"] > 0.1:
+        note = (note + "; " if note else "") + f"noisy: p10-p90 {100 * r['spread']:.0f}%"
+    return (r["kind"], r["label"], r.get("config", "?"), _f(r.get("us"), ".1f"), _f(r.get("tflops"), ".0f"),
+            _f(r.get("gbps"), ".0f"), _f(r.get("copy_pct"), ".0f"), check, base,
+            _f(r.get("ratio_base"), ".2f"), _f(r.get("anchor_tflops"), ".0f"),
+            _f(r.get("ratio_anchor"), ".2f"), _f(r.get("target_tflops"), ".0f"), note)
+
+
+def print_report(meta: dict, rows: list[dict], summary: dict) -> None:
+    print(f"cugemm8 {meta.get('cugemm8')}  ({meta.get('commit', '?')})  on {meta.get('device', '?')}")
+    print(f"  {meta.get('versions', '')}")
+    print(f"  copy ceiling {_f(meta.get('copy_gbps'), '.0f')} GB/s (d2d, read+write, same run); "
+          f"FP8 peak {meta.get('peak_tflops')} TFLOPS; median of {meta.get('reps')} reps, "
+          f"{meta.get('flush_mb')} MB L2 flush before each; baseline: {meta.get('baseline')}")
+    print_table("cugemm8 FP8 GEMM benchmark", COLUMNS, [table_row(r) for r in rows])
+    lines = []
+    for kind, s in summary.items():
+        lines.append(
+            f"{kind:>10}: {s['shapes']} shapes, {s['check_failures']} check failures; "
+            f"geomean ×cuBLASLt {_f(s['geomean_vs_cublaslt'], '.3f')} over {s['baseline_shapes']} "
+            f"(min {_f(s['min_vs_cublaslt'], '.2f')}); geomean ×DeepGEMM "
+            f"{_f(s['geomean_vs_deepgemm'], '.3f')} over {s['anchored_shapes']}, "
+            f"{s['below_deepgemm']} below DeepGEMM, {s['below_target']} below the 1.10× target"
+            + (f"; min %copy at M<=128: {s['min_copy_pct_m_le_128']:.0f}%"
+               if s.get("min_copy_pct_m_le_128") is not None else ""))
+    print("\n".join(lines))
+
+
+# ----------------------------------------------------------------------------
+# Plot
+# ----------------------------------------------------------------------------
+
+def plot_results(meta: dict, rows: list[dict], path: str) -> None:
+    """Bar chart of TFLOPS per shape (cugemm8, cuBLASLt, DeepGEMM) and a
+    roofline panel (TFLOPS vs FLOP/byte, FP8 peak and copy-bandwidth roofs)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if r.get("tflops")]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(12.0, 0.42 * len(rows) + 4), 12))
+    x = list(range(len(rows)))
+    series = (("cugemm8", "tflops", "tab:blue"), ("cuBLASLt blockwise", "base_tflops", "tab:gray"),
+              ("DeepGEMM H200", "anchor_tflops", "tab:orange"))
+    width = 0.27
+    for i, (name, key, color) in enumerate(series):
+        vals = [r.get(key) or 0.0 for r in rows]
+        ax1.bar([v + (i - 1) * width for v in x], vals, width, label=name, color=color)
+    targets = [r.get("target_tflops") for r in rows]
+    ax1.scatter([v for v, t in zip(x, targets) if t], [t for t in targets if t], marker="_", s=120,
+                color="black", label="target (1.10× DeepGEMM)", zorder=3)
+    ax1.set_xticks(x, [f"{r['kind'][:4]} {r['label']}" for r in rows], rotation=90, fontsize=7)
+    ax1.set_yscale("log")
+    ax1.set_ylabel("TFLOPS")
+    ax1.set_title(f"cugemm8 FP8 GEMM on {meta.get('device', '?')}")
+    ax1.legend(fontsize=8)
+    ax1.grid(axis="y", alpha=0.3)
+
+    peak = meta.get("peak_tflops") or PEAK_TFLOPS
+    bw = meta.get("copy_gbps") or 4300.0
+    ai = [r["flops"] / r["bytes"] for r in rows]
+    lo, hi = min(ai) / 2, max(max(ai) * 2, 4 * peak * 1e3 / bw)
+    grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    ax2.plot(grid, [min(peak, a * bw / 1e3) for a in grid], color="black",
+             label=f"roof: {peak:.0f} TFLOPS, {bw:.0f} GB/s copy")
+    colors = {"normal": "tab:blue", "contiguous": "tab:green", "masked": "tab:purple"}
+    for kind, color in colors.items():
+        pts = [(a, r["tflops"]) for a, r in zip(ai, rows) if r["kind"] == kind]
+        if pts:
+            ax2.scatter(*zip(*pts), color=color, label=f"cugemm8 {kind}", zorder=3)
+    base = [(a, r["base_tflops"]) for a, r in zip(ai, rows) if r.get("base_tflops")]
+    if base:
+        ax2.scatter(*zip(*base), marker="x", color="tab:gray", label="cuBLASLt blockwise", zorder=2)
+    ax2.set_xscale("log")
+    ax2.set_yscale("log")
+    ax2.set_xlabel("arithmetic intensity (FLOP / byte of A + B + D + scales)")
+    ax2.set_ylabel("TFLOPS")
+    ax2.legend(fontsize=8)
+    ax2.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------
+# Main
+# ----------------------------------------------------------------------------
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(_HERE), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=5).stdout.strip() or "?"
+    except Exception:
+        return "?"
+
+
+def collect_meta(args, copy_gbps: float) -> dict:
+    import common
+    import cupy as cp
+    import cugemm8
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())
+    name = props.get("name", b"?")
+    name = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+    _, api = common.load_torch()
+    return {
+        "cugemm8": cugemm8.__version__, "commit": _commit(),
+        "device": f"{name} ({props.get('multiProcessorCount')} SMs)",
+        "versions": (f"cupy {cp.__version__}, CUDA runtime {cp.cuda.runtime.runtimeGetVersion()}, "
+                     f"driver {cp.cuda.runtime.driverGetVersion()}, {common.torch_version()}"),
+        "baseline": ("disabled" if args.no_baseline else
+                     f"cuBLASLt blockwise via {api}" if common.load_torch()[0] is not None else f"n/a: {api}"),
+        "copy_gbps": copy_gbps, "peak_tflops": PEAK_TFLOPS, "reps": args.reps, "warmup": args.warmup,
+        "flush_mb": common.FLUSH_BYTES >> 20, "seed": args.seed,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def run_benchmarks(args) -> tuple[dict, list[dict]]:
+    import common
+    from cugemm8.cli import gpu_reason
+    reason = gpu_reason()
+    if reason is not None:
+        raise SystemExit(f"bench_gemm: no usable Hopper GPU: {reason}")
+    shapes = bench_shapes(args.kinds, args.quick, args.m1)
+    copy_gbps = common.copy_bandwidth_gbps()
+    meta = collect_meta(args, copy_gbps)
+    flush = common.L2Flush()
+    rows = []
+    for i, shape in enumerate(shapes):
+        print(f"[{i + 1}/{len(shapes)}] {shape.kind} {shape.label()}", file=sys.stderr, flush=True)
+        rows.append(bench_shape(shape, args, flush, copy_gbps))
+        time.sleep(args.pause)
+    return meta, rows
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="bench_gemm.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--kinds", default="normal,contiguous,masked",
+                   help="comma-separated subset of normal,contiguous,masked")
+    p.add_argument("--quick", action="store_true", help="a handful of shapes")
+    p.add_argument("--m1", action="store_true", help="add the M=1 normal shapes")
+    p.add_argument("--reps", type=int, default=40, help="timed repetitions (median; default 40)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed calls before timing (default 3)")
+    p.add_argument("--pause", type=float, default=0.2, help="seconds of idle between shapes (default 0.2)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-baseline", action="store_true", help="skip the cuBLASLt (torch) baseline")
+    p.add_argument("--json", metavar="OUT", help="write meta, rows and summary as JSON")
+    p.add_argument("--plot", metavar="OUT.png", help="write a bar chart + roofline (matplotlib)")
+    p.add_argument("--from-json", metavar="IN", help="re-render a saved --json result (no GPU needed)")
+    args = p.parse_args(argv)
+    args.kinds = [s.strip() for s in args.kinds.split(",") if s.strip()]
+    bad = [s for s in args.kinds if s not in ("normal", "contiguous", "masked")]
+    if bad:
+        p.error(f"unknown kinds {bad}; choose from normal, contiguous, masked")
+    if args.reps < 1:
+        p.error("--reps must be >= 1")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())
+        meta, rows = saved["meta"], saved["rows"]
+    else:
+        meta, rows = run_benchmarks(args)
+    summary = summarize(rows)
+    print_report(meta, rows, summary)
+    if args.json and not args.from_json:
+        Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows, "summary": summary},
+                                              indent=1, default=str))
+    if args.plot:
+        try:
+            plot_results(meta, rows, args.plot)
+            print(f"plot written to {args.plot}")
+        except ImportError as exc:
+            print(f"--plot skipped: matplotlib is not importable ({exc})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,223 @@
+"""Timing helpers shared by the benchmarks: L2 flush, CUDA-event timing, the
+copy ceiling, and the cuBLASLt blockwise-FP8 baseline through PyTorch.
+
+Method (shared/notes/benchmarks.md "Method"): kernel time only, CUDA events
+around each launch, median of many repetitions, a 256 MB write before each
+repetition so every launch starts with a cold L2, warm-up calls first (they
+include the JIT compile), inputs built once outside the timed loop.
+
+Nothing here asserts: failures become report fields.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+
+import cupy as cp
+
+FLUSH_BYTES = 256 << 20          # > the H200's 60 MB L2
+COPY_BYTES = 2 << 30             # copy-ceiling buffer
+BASELINE_REL_LIMIT = 1e-2        # baseline marked 'wrong' above this relative error
+
+
+# ----------------------------------------------------------------------------
+# Timing
+# ----------------------------------------------------------------------------
+
+class L2Flush:
+    """Overwrites ``nbytes`` of device memory on the current stream when called."""
+
+    def __init__(self, nbytes: int = FLUSH_BYTES):
+        self.buf = cp.empty(nbytes, dtype=cp.uint8)
+        self.value = 0
+
+    def __call__(self) -> None:
+        self.value = (self.value + 1) & 0xFF
+        self.buf.fill(self.value)
+
+
+@dataclasses.dataclass
+class Timing:
+    """Kernel times in microseconds over the repetitions."""
+    samples: list
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def spread(self) -> float:
+        """(p90 - p10) / median: how noisy the repetitions were."""
+        s = sorted(self.samples)
+        lo, hi = s[len(s) // 10], s[min(len(s) - 1, (len(s) * 9) // 10)]
+        return (hi - lo) / self.median if self.median > 0 else float("nan")
+
+
+def time_calls(fns, *, reps: int, warmup: int, flush) -> Timing:
+    """Time a sequence of launches per repetition.
+
+    Each repetition: ``flush()``, then every ``fn`` of ``fns`` between its own
+    pair of CUDA events; the repetition's time is the sum of those intervals
+    (launch gaps between the calls are not counted).  One callable times a
+    single kernel; several time a per-group loop.
+    """
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    cp.cuda.get_current_stream().synchronize()
+    events = [[(cp.cuda.Event(), cp.cuda.Event()) for _ in fns] for _ in range(reps)]
+    for rep in events:
+        if flush is not None:
+            flush()
+        for fn, (start, end) in zip(fns, rep):
+            start.record()
+            fn()
+            end.record()
+    events[-1][-1][1].synchronize()
+    samples = [sum(cp.cuda.get_elapsed_time(s, e) for s, e in rep) * 1e3 for rep in events]
+    return Timing(samples)
+
+
+def time_call(fn, *, reps: int, warmup: int, flush) -> Timing:
+    return time_calls([fn], reps=reps, warmup=warmup, flush=flush)
+
+
+def _time_copy(nbytes: int, reps: int) -> Timing:
+    src = cp.empty(nbytes, dtype=cp.uint8)
+    dst = cp.empty(nbytes, dtype=cp.uint8)
+    src.fill(1)
+    return time_call(lambda: dst.data.copy_from_device_async(src.data, nbytes),
+                     reps=reps, warmup=2, flush=None)
+
+
+def copy_bandwidth_gbps(nbytes: int = COPY_BYTES, reps: int = 10) -> float:
+    """Device-to-device copy rate in GB/s (cudaMemcpyAsync of ``nbytes``),
+    counting bytes read + written."""
+    t = _time_copy(nbytes, reps)
+    cp.get_default_memory_pool().free_all_blocks()
+    return 2 * nbytes / t.median / 1e3
+
+
+def geomean(values) -> float:
+    vals = [v for v in values if v is not None and v == v and v > 0]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else float("nan")
+
+
+def rel_error(got, ref) -> float:
+    """Relative Frobenius error ||got - ref|| / ||ref|| in float64."""
+    got = got.astype(cp.float64)
+    den = float(cp.linalg.norm(ref))
+    return float(cp.linalg.norm(got - ref)) / den if den else float(cp.linalg.norm(got))
+
+
+# ----------------------------------------------------------------------------
+# cuBLASLt blockwise FP8 through PyTorch
+# ----------------------------------------------------------------------------
+
+_torch_state: dict = {}
+
+
+def load_torch():
+    """(torch, api) where api is 'F.scaled_mm' (v2) or 'torch._scaled_mm' (v1),
+    or (None, reason) when no usable torch is importable."""
+    if "result" in _torch_state:
+        return _torch_state["result"]
+    try:
+        import torch
+        import torch.nn.functional as F
+        if not torch.cuda.is_available():
+            result = (None, "torch sees no CUDA device")
+        elif hasattr(F, "scaled_mm") and hasattr(F, "ScalingType") \
+                and hasattr(F.ScalingType, "BlockWise1x128"):
+            result = (torch, "F.scaled_mm")
+        elif hasattr(torch, "_scaled_mm"):
+            result = (torch, "torch._scaled_mm")
+        else:
+            result = (None, f"torch {torch.__version__} has no scaled_mm")
+    except Exception as exc:  # ImportError or a broken CUDA install
+        result = (None, f"torch not importable ({type(exc).__name__}: {exc})")
+    _torch_state["result"] = result
+    return result
+
+
+def torch_version() -> str:
+    torch, api = load_torch()
+    return f"torch {torch.__version__} ({api})" if torch is not None else api
+
+
+def torch_blockwise_gemm(a, sfa, b, sfb):
+    """A no-argument callable computing ``(A * SFA) (B * SFB)^T`` in bf16 with
+    cuBLASLt's blockwise FP8 path, on the SAME bytes as cugemm8.
+
+    Arguments are CuPy arrays: ``a`` uint8 [m, k] (e4m3 bits, rows contiguous),
+    ``sfa`` float32 [m, kb] (any layout), ``b`` uint8 [n, k], ``sfb`` float32
+    [nb, kb].  The callable returns the torch bf16 output [m_pad, n]
+    (m_pad = m rounded up to 4; rows >= m are padding).
+
+    Layout (shared/notes/benchmarks.md, adversarial.md A1):
+    * A is shared through DLPack (copied to an m_pad-row buffer only when
+      m % 4 != 0) and viewed as float8_e4m3fn;
+    * ``scale_a`` [m_pad, kb] token-contiguous (strides (1, m_pad));
+    * ``mat_b`` = B^T, a column-major [k, n] view of B's bytes;
+    * v2 ``F.scaled_mm``: ``scale_b`` = P^T where P is float32
+      [nb, round_up(kb, 4)] holding sfb (zeros in the pitch padding): shape
+      [round_up(kb, 4), nb], strides (1, round_up(kb, 4)) - the shape v2
+      demands and the pitch cuBLASLt reads;
+    * v1 ``torch._scaled_mm``: ``scale_b`` = sfb^T [kb, nb], strides (1, kb);
+      silently wrong when kb % 4 != 0 (A1) - the caller's check catches it.
+    The scale tensors and padded copies are built here, once.
+
+    Raises RuntimeError (with the reason) when torch is unusable.
+    """
+    torch, api = load_torch()
+    if torch is None:
+        raise RuntimeError(api)
+    m, k = a.shape
+    kb, nb = sfa.shape[1], sfb.shape[0]
+    m_pad, kb_pad = -(-m // 4) * 4, -(-kb // 4) * 4
+    fp8 = torch.float8_e4m3fn
+    keep = []                                     # CuPy buffers the torch views alias
+    if m % 4 or not a.flags.c_contiguous:
+        a_buf = cp.zeros((m_pad, k), dtype=cp.uint8)
+        a_buf[:m] = a
+    else:
+        a_buf = a
+    sa = cp.zeros((kb, m_pad), dtype=cp.float32)
+    sa[:, :m] = sfa.T
+    keep += [a_buf, sa]
+    t_a = torch.from_dlpack(a_buf).view(fp8)
+    t_sa = torch.from_dlpack(sa).t()                       # [m_pad, kb], strides (1, m_pad)
+    t_b = torch.from_dlpack(cp.ascontiguousarray(b)).view(fp8).t()   # [k, n] column-major
+    if api == "F.scaled_mm":
+        F = torch.nn.functional
+        sb = cp.zeros((nb, kb_pad), dtype=cp.float32)
+        sb[:, :kb] = sfb
+        keep.append(sb)
+        t_sb = torch.from_dlpack(sb).t()                   # [kb_pad, nb], strides (1, kb_pad)
+        recipe_a, recipe_b = F.ScalingType.BlockWise1x128, F.ScalingType.BlockWise128x128
+
+        def run():
+            return F.scaled_mm(t_a, t_b, t_sa, recipe_a, t_sb, recipe_b, output_dtype=torch.bfloat16)
+    else:
+        sb = cp.ascontiguousarray(sfb)
+        keep.append(sb)
+        t_sb = torch.from_dlpack(sb).t()                   # [kb, nb], strides (1, kb)
+
+        def run():
+            return torch._scaled_mm(t_a, t_b, t_sa, t_sb, out_dtype=torch.bfloat16)
+    run.keep = keep
+    return run
+
+
+def torch_to_f64(t, rows: int):
+    """float64 CuPy copy of the first ``rows`` rows of a torch bf16 tensor."""
+    return cp.from_dlpack(t[:rows].float().contiguous()).astype(cp.float64)
+
+
+def release_memory() -> None:
+    """Return cached device memory of CuPy (and torch, if loaded)."""
+    cp.get_default_memory_pool().free_all_blocks()
+    torch, _ = _torch_state.get("result", (None, None))
+    if torch is not None:
+        torch.cuda.empty_cache()

@@ -124,6 +124,12 @@ LATENCY = 1000.0                    # memory latency for Little's law
 C_KB = 64.0                         # per-K-block barrier/scale/wgmma-wait cost
 C_TILE = 400.0                      # per-tile B-scale load + epilogue syncs
 MC_PENALTY = 0.02                   # multicast lock-step overhead
+#: Whether select_config may choose TMA multicast.  Off: on the H200 the
+#: multicast kernels are correct (GPU tests) but measured 25-50% slower than
+#: the same tiles without multicast (benches/RESULTS.md, v0.1 config sweep),
+#: so the heuristic keeps them out until the kernel's cluster path is fixed.
+#: Forced configurations (make_config) can still use them.
+MULTICAST_ENABLED = False
 OVERLAP_P = 4                       # soft max of compute and feed (imperfect overlap)
 MULTICAST_MIN_ROWS = 512
 
@@ -433,7 +439,7 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit):
                 continue
             mb, nb = _ceil_div(m_eff, bm), _ceil_div(n, bn)
             options = [(1, False)]
-            if num_sms >= 2 and rows_of_work >= MULTICAST_MIN_ROWS:
+            if MULTICAST_ENABLED and num_sms >= 2 and rows_of_work >= MULTICAST_MIN_ROWS:
                 options.append((2, True))
                 if kind == "normal":
                     options.append((2, False))

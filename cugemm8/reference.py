@@ -656,9 +656,9 @@ def tensor_core_partial_sums(a_bits, b_bits, *, mantissa_bits: int = TENSOR_CORE
     ``"truncate"``
         The exact sum truncated toward zero to ``mantissa_bits`` fraction bits.
     ``"hopper"``
-        Emulation of four ``k32`` WGMMA steps as measured on an H200 (CUDA 13,
-        via cuBLASLt FP8 with fast accumulation; probes in the commit that
-        added this module).  Per k32 step: the alignment exponent ``E`` is the
+        Emulation of four ``k32`` WGMMA steps as measured on an H200 (CUDA 13
+        driver; FP8 GEMMs with K = 32, 64, 128 through cuBLASLt with fast
+        accumulation, i.e. WGMMA with no promotion, compared with exact sums).  Per k32 step: the alignment exponent ``E`` is the
         maximum of the accumulator's exponent and, over the nonzero products,
         ``e(a) + e(b)`` with ``e(v) = max(floor(log2|v|), -6)``; every product
         is *individually* truncated toward zero to a multiple of
@@ -762,7 +762,11 @@ def promoted_accumulation_model(a_bits, sfa, b_bits, sfb, *,
     ``tensor_core="hopper"`` the result is therefore a bit-exact prediction
     of a kernel that runs four k32 WGMMAs per block from a cleared
     accumulator and promotes with ``fmaf(sfa*sfb, acc, final)`` in block
-    order.
+    order.  Checked on an H200 against ``cugemm8.gemm_fp8_fp8_bf16_nt``:
+    ``round_to_bf16`` of this model equalled the kernel's BF16 output bit for
+    bit on all 387,296 outputs compared (shapes 64x128x128 to 200x264x2048
+    and 1x2112x7168; random codes, block-varied normal, uniform positive and
+    log-normal data).
 
     Parameters
     ----------
@@ -876,14 +880,16 @@ def error_bound(a_bits, sfa, b_bits, sfb, *, mantissa_bits: int = TENSOR_CORE_MA
     1. **Tensor core, per block kb.**  Within the block, step ``j`` (32 K,
        ``c_j`` valid K values) adds its products to the accumulator.  Under
        the measured Hopper rule (see :func:`tensor_core_partial_sums`,
-       ``"hopper"``) every product is truncated on a grid
-       ``G_j = 2^(E_j - mb)`` with ``2^E_j <= max(|acc_{j-1}|, max_i 2^(e(a_i)+e(b_i)))``,
-       then the sum is truncated to ``mb`` fraction bits.  Hence
+       ``"hopper"``) every product, and the incoming accumulator, is
+       truncated on a grid ``G_j = 2^(E_j - mb)`` with
+       ``2^E_j <= max(|acc_{j-1}|, max_i 2^(e(a_i)+e(b_i)))``, then the sum is
+       truncated to ``mb`` fraction bits.  Hence
        ``G_j <= 2^-mb * max(|acc_{j-1}|, MA_j * MB_j)`` where ``MA_j`` is the
        row's max over the step of ``max(|a|, 2^-6)`` (nonzero ``a``) and
-       ``MB_j`` likewise for B, and::
+       ``MB_j`` likewise for B, and, with ``t_j = c_j + 1`` truncated addends
+       (``c_j`` for the first step, whose accumulator is cleared)::
 
-           e_j = e_{j-1} + c_j * G_j + 2^-mb * (|P_{<=j}| + e_{j-1} + c_j * G_j)
+           e_j = e_{j-1} + t_j * G_j + 2^-mb * (|P_{<=j}| + e_{j-1} + t_j * G_j)
            |acc_j| <= |P_{<=j}| + e_j
 
        with ``P_{<=j}`` the exact partial sum (computed exactly in float64)
@@ -895,7 +901,8 @@ def error_bound(a_bits, sfa, b_bits, sfb, *, mantissa_bits: int = TENSOR_CORE_MA
        Why not ``2^-mb * sum |A||B|``: on the H200 the k=128 tensor-core error
        reached 13x that on uniform positive data and 40x on log-normal data
        (individually truncated products add up); the per-step grid form
-       above was never exceeded (max observed ratio about 0.3 of it).
+       above was never exceeded (max observed ratio about 0.3 of it; the
+       whole bound, against cugemm8's kernel up to K = 16384: at most 0.45).
 
     2. **Scale product.** ``w = fl32(s)`` with ``s = sfa*sfb`` (exact in
        float64): ``|w - s| <= 2^-24 |s| + 2^-150`` (2^-150: float32 subnormal

@@ -10,34 +10,30 @@
 // Numerics (bit-identical to cugemm8/reference.py):
 //   amax  = max |x| over the group / tile (K and N tails zero-padded), NaN
 //           propagating; amax = max(amax, min_amax) (NaN kept)
-//   scale = amax / 448 (IEEE float32 division), optionally rounded up to the
-//           next power of two (exact, integer bit manipulation)
-//   q     = e4m3fn(satfinite(x / scale)) (IEEE float32 division, RNE)
+//   scale = RN_f32(amax / 448), optionally rounded up to the next power of
+//           two (exact, integer bit manipulation)
+//   q     = e4m3fn(satfinite(RN_f32(x / scale)))
+// RN_f32(a / b) is the IEEE float32 quotient, which the kernels obtain
+// exactly without a division instruction (see "Exact division" below).
 //
-// NOTES: CuPy compiles with -ftz=true, so every float operation here is done
-// either on integer bit patterns or through inline PTX without .ftz; nothing
-// is left to the compiler's FTZ/approximate paths:
-//   * |x| and the amax reduction are integer ops on the float32 bit patterns.
-//     For non-negative IEEE floats, unsigned order of the bit patterns equals
-//     numeric order, and every NaN pattern (exp 255, mantissa != 0) is above
-//     +Inf's 0x7f800000, so an unsigned max propagates NaN by construction
-//     (fmaxf would drop it) and fp32 subnormal inputs are never flushed.
-//   * both divisions are `div.rn.f32` (IEEE 754 round-to-nearest-even, with
-//     subnormals; PTX ISA §9.7.3.8 "div").  Without .ftz the quotient is the
-//     one NumPy computes, also when it is an fp32 subnormal.  (With FTZ it
-//     would not matter either: a subnormal fp32 quotient is < 2^-126, far
-//     below half of e4m3's smallest subnormal 2^-9, so it rounds to a signed
-//     zero in e4m3 both ways; the exact path keeps the argument trivial.)
-//   * bf16 -> f32 is a 16-bit shift and f16 -> f32 is `cvt.f32.f16` (no
-//     .ftz); both are exact, including fp16 subnormals.
-//   * `cvt.rn.satfinite.e4m3x2.f32` (sm_89+, PTX ISA §9.7.9.21 "cvt"): RNE;
-//     finite values beyond +-448 (and +-Inf) give +-448 (0x7e/0xfe), NaN
-//     gives NaN (0x7f).  x / scale can only be NaN (NaN in the group, or
-//     Inf / Inf in a group whose amax is Inf), never Inf: |x| <= amax and
-//     scale >= RN(amax / 448), so |x / scale| <= 448 * (1 + 2^-23) rounds to
-//     448 at most.  Hence: groups with NaN get a NaN scale and NaN payloads;
-//     groups with +-Inf get an Inf scale, NaN at the Inf positions and signed
-//     zeros elsewhere (finite / Inf); other groups are unaffected.
+// NOTES: CuPy compiles with -ftz=true, so nothing here is float32 arithmetic
+// the compiler could flush: integer ops on bit patterns, float64 arithmetic
+// (never flushed), and PTX conversions spelled out without .ftz:
+//   * |x| and the amax reduction are unsigned integer max over |x| bit
+//     patterns: NaN propagates by construction (fmaxf would drop it) and
+//     fp32 subnormal inputs count with their true value.
+//   * Inputs enter float64 exactly (bit embedding, below).
+//   * FTZ would not change a payload anyway: a float32 quotient below 2^-126
+//     is far below half of e4m3's smallest subnormal (2^-9), so it becomes a
+//     signed zero in e4m3 whether or not it was flushed first.
+//   * `cvt.rn.satfinite.e4m3x2.f32` (sm_89+, PTX ISA "cvt"): RNE; finite
+//     values beyond +-448 (and +-Inf) give +-448 (0x7e/0xfe), NaN gives NaN.
+//     With a finite scale x / scale is never beyond +-448 (1 + 2^-23): |x| <=
+//     amax and scale >= RN(amax / 448); RNE takes that to 448 at most.
+//   * Non-finite scales: a group / tile holding a NaN gets a NaN scale and
+//     NaN payloads (0x7f); one holding +-Inf (and no NaN) gets an Inf scale,
+//     NaN at the +-Inf positions (Inf / Inf) and signed zeros elsewhere
+//     (finite / Inf).  Other groups are unaffected.
 #pragma once
 #include "common.cuh"
 
@@ -49,7 +45,6 @@ enum class InDtype : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 namespace quant {
 
 constexpr uint32_t kGroup = 128;              // quantisation granule along K (and N)
-constexpr uint32_t kE4M3MaxBits = 0x43e00000;  // 448.0f
 constexpr uint32_t kThreads = 256;            // threads per CTA, both kernels
 
 template <InDtype kIn>
@@ -82,18 +77,43 @@ __device__ __forceinline__ void st_global_f32(float* ptr, float a) {
   asm volatile("st.global.f32 [%0], %1;" ::"l"(ptr), "f"(a) : "memory");
 }
 
-// IEEE 754 float32 division, round to nearest even, subnormals kept (no .ftz
-// whatever -ftz the compiler was given).
-__device__ __forceinline__ float div_rn(float a, float b) {
-  float d;
-  asm("div.rn.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
-  return d;
+// Correctly rounded (RNE) narrowing and exact f16 widening, spelled out so no
+// .ftz is added.
+__device__ __forceinline__ float cvt_rn_f32_f64(double a) {
+  float f;
+  asm("cvt.rn.f32.f64 %0, %1;" : "=f"(f) : "d"(a));
+  return f;
 }
 
-__device__ __forceinline__ float f16_bits_to_f32(uint32_t h) {
+__device__ __forceinline__ float cvt_f32_f16(uint32_t h) {
   float f;
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(static_cast<unsigned short>(h)));
   return f;
+}
+
+__device__ __forceinline__ double mul_rn_f64(double a, double b) {
+  double d;
+  asm("mul.rn.f64 %0, %1, %2;" : "=d"(d) : "d"(a), "d"(b));
+  return d;
+}
+
+__device__ __forceinline__ double fma_rn_f64(double a, double b, double c) {
+  double d;
+  asm("fma.rn.f64 %0, %1, %2, %3;" : "=d"(d) : "d"(a), "d"(b), "d"(c));
+  return d;
+}
+
+__device__ __forceinline__ float rcp_approx_ftz_f32(float a) {
+  float d;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(d) : "f"(a));
+  return d;
+}
+
+// Packed unsigned max of two 16-bit lanes (PTX ISA "max", .u16x2, sm_90+).
+__device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("max.u16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
 }
 
 // Two float32 -> two e4m3fn bytes: `lo` in bits 7:0, `hi` in bits 15:8 (the
@@ -105,37 +125,109 @@ __device__ __forceinline__ uint32_t cvt_e4m3x2(float lo, float hi) {
 }
 
 // ---------------------------------------------------------------------------
-// Element helpers
+// Exact division without a division instruction
 // ---------------------------------------------------------------------------
+//
+// NOTES: `div.rn.f32` is exact but costs MUFU.RCP + FCHK + 5 FFMA per element
+// plus a CALL to a slow path (stack spills around the calls).  The divisor is
+// the same for a whole group, so instead, for a finite scale s:
+//   Y = 1/s in float64 with |Y s - 1| <= 2^-53 (1 + 2^-20), once per group;
+//   q = RN_f32(RN_f64(x Y)): one DMUL and one F2F per element.
+// Why q == RN_f32(x / s) whenever x / s is in float32's normal range:
+//   * |RN_f64(x Y) - x/s| <= (2^-53 (1 + 2^-20) + 2^-53) |x/s| < 2^-51 |x/s|;
+//   * x / s of two 24-bit floats is never a 25-bit midpoint and lies at a
+//     relative distance > 2^-49 from every midpoint: with x = A 2^a,
+//     s = B 2^b, m = M 2^u (A, B < 2^24, M odd in [2^24, 2^25)), x - s m is
+//     a non-zero multiple of 2^(b+u) (equality would need the odd part of A
+//     to be a multiple of M >= 2^24), so |x/s - m| >= 2^u / B > 2^-49 m;
+//   * so no float32 rounding boundary separates x Y from x / s.
+// When x / s is below 2^-126, both are float32 subnormals or zeros of the
+// same sign, which e4m3 rounds to the same signed zero.  The scale uses the
+// same argument with Y = RN_f64(1/448); it needs amax / 448 to be a normal
+// float32, hence the host's rule min_amax >= 448 * 2^-126 (which also keeps
+// every finite scale in [2^-126, 2^120], where the MUFU estimate is normal).
+// A CPU check of both claims is in tests/test_quant_compile.py.
+//
+// Exact float32 -> float64 without F2F (16/clk/SM on sm_90, the bottleneck
+// otherwise): the bits of a float32 placed in a float64 as (hi = sign |
+// |bits| >> 3, lo = bits << 29) are that float times 2^-896, exactly, for
+// every finite input including subnormals (both formats' exponent fields and
+// subnormal ranges line up).  So x Y = embed(x) (Y 2^896); Y 2^896 <= 2^1022
+// stays finite.  Inf / NaN inputs only occur with a non-finite scale, which
+// takes the integer-only `quantize_nonfinite` path instead.
 
-// The kVec elements of one 16-byte load as float32 (exact for all types).
-template <InDtype kIn>
-__device__ __forceinline__ void unpack(const uint32_t (&raw)[4], float (&f)[InTraits<kIn>::kVec]) {
-  if constexpr (kIn == InDtype::kFloat32) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) f[j] = __uint_as_float(raw[j]);
-  } else if constexpr (kIn == InDtype::kBFloat16) {
-    // Element 2j is the low half-word (little-endian).
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      f[2 * j] = __uint_as_float(raw[j] << 16);
-      f[2 * j + 1] = __uint_as_float(raw[j] & 0xffff0000u);
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      f[2 * j] = f16_bits_to_f32(raw[j] & 0xffffu);
-      f[2 * j + 1] = f16_bits_to_f32(raw[j] >> 16);
-    }
-  }
+constexpr double kInv448 = 0x1.2492492492492p-9;  // RN_f64(1 / 448)
+
+__device__ __forceinline__ double f64_from_words(uint32_t lo, uint32_t hi) {
+  double d;
+  asm("mov.b64 %0, {%1, %2};" : "=d"(d) : "r"(lo), "r"(hi));
+  return d;
 }
 
-// max over |f[j]| as float32 bit patterns (see the NaN note at the top).
-template <int kN>
-__device__ __forceinline__ uint32_t abs_max_bits(const float (&f)[kN], uint32_t acc) {
+// float32 bits -> float64 holding (that float) * 2^-896, exact for finite x.
+__device__ __forceinline__ double embed_f32_scaled(uint32_t bits) {
+  return f64_from_words(bits << 29, (bits & 0x80000000u) | ((bits & 0x7fffffffu) >> 3));
+}
+
+// A positive normal float32 -> float64 equal to it times 2^kExtraExp, exact.
+template <uint32_t kExtraExp>
+__device__ __forceinline__ double embed_normal_rebiased(uint32_t bits) {
+  return f64_from_words(bits << 29, (bits >> 3) + ((896u + kExtraExp) << 20));
+}
+
+// Y 2^896 for a finite scale s in [2^-126, 2^120]: three Newton steps
+// e = 1 - s y, y += y e (each squares the relative error and adds <= 2^-53)
+// from the MUFU estimate (relative error ~2^-23).
+__device__ __forceinline__ double scaled_reciprocal(float s) {
+  const uint32_t s_bits = __float_as_uint(s);
+  const double s_scaled = embed_f32_scaled(s_bits);                                // s 2^-896
+  double y = embed_normal_rebiased<896>(__float_as_uint(rcp_approx_ftz_f32(s)));  // ~(1/s) 2^896
 #pragma unroll
-  for (int j = 0; j < kN; ++j) acc = max(acc, __float_as_uint(f[j]) & 0x7fffffffu);
+  for (int it = 0; it < 3; ++it) y = fma_rn_f64(y, fma_rn_f64(-s_scaled, y, 1.0), y);
+  return y;
+}
+
+// ---------------------------------------------------------------------------
+// Element helpers
+// ---------------------------------------------------------------------------
+//
+// amax is reduced on the input's own |x| bit patterns: for non-negative IEEE
+// values of any width, unsigned order of the patterns is numeric order and
+// NaN patterns sit above Inf, so an unsigned max propagates NaN.
+
+// max |x| over the kVec elements of one 16-byte load, as |x| bits of kIn.
+template <InDtype kIn>
+__device__ __forceinline__ uint32_t abs_max_bits(const uint32_t (&raw)[4], uint32_t acc) {
+  if constexpr (kIn == InDtype::kFloat32) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc = max(acc, raw[j] & 0x7fffffffu);
+  } else {
+    uint32_t m2 = max_u16x2(raw[0] & 0x7fff7fffu, raw[1] & 0x7fff7fffu);
+    m2 = max_u16x2(m2, max_u16x2(raw[2] & 0x7fff7fffu, raw[3] & 0x7fff7fffu));
+    acc = max(acc, max(m2 & 0xffffu, m2 >> 16));
+  }
   return acc;
+}
+
+// |x| bits of kIn -> float32 bits (exact).
+template <InDtype kIn>
+__device__ __forceinline__ uint32_t abs_bits_to_f32_bits(uint32_t a) {
+  if constexpr (kIn == InDtype::kFloat32) return a;
+  else if constexpr (kIn == InDtype::kBFloat16) return a << 16;
+  else return __float_as_uint(cvt_f32_f16(a));
+}
+
+// Element j of one 16-byte load as float32 bits (exact).  16-bit elements:
+// element 2j is the low half of word j (little-endian).
+template <InDtype kIn>
+__device__ __forceinline__ uint32_t element_f32_bits(const uint32_t (&raw)[4], int j) {
+  if constexpr (kIn == InDtype::kFloat32) {
+    return raw[j];
+  } else {
+    const uint32_t w = raw[j / 2];
+    if constexpr (kIn == InDtype::kBFloat16) return (j % 2) ? (w & 0xffff0000u) : (w << 16);
+    else return __float_as_uint(cvt_f32_f16((j % 2) ? (w >> 16) : (w & 0xffffu)));
+  }
 }
 
 // Smallest power of two >= the positive float with bits `b`; NaN, Inf and
@@ -145,30 +237,57 @@ __device__ __forceinline__ uint32_t round_up_pow2_bits(uint32_t b) {
   const uint32_t exp = b >> 23, mant = b & 0x7fffffu;
   if (exp == 0xffu || mant == 0) return b;
   if (exp != 0) return (exp + 1) << 23;  // exp = 254 cannot occur: scale <= FLT_MAX / 448
-  // Subnormal scale (only with min_amax < 448 * 2^-126): round the integer
-  // significand up to a power of two; 2^23 is the smallest normal, 0x800000.
+  // Subnormal (excluded by the host's min_amax rule; kept exact anyway)
   return (mant & (mant - 1)) == 0 ? mant : (1u << (32 - __clz(mant)));
 }
 
-// amax bits -> scale, following the recipe at the top of the file.
+// amax (float32 bits) -> scale, following the recipe at the top of the file.
 template <bool kPow2>
 __device__ __forceinline__ float amax_to_scale(uint32_t amax_bits, float min_amax) {
   // Clamp with an unsigned compare so a NaN amax (bits > any finite) stays NaN.
   const uint32_t min_bits = __float_as_uint(min_amax);
-  const float amax = __uint_as_float(amax_bits < min_bits ? min_bits : amax_bits);
-  float scale = div_rn(amax, __uint_as_float(kE4M3MaxBits));
+  amax_bits = amax_bits < min_bits ? min_bits : amax_bits;
+  // amax is a normal float32 here (>= min_amax >= 448 * 2^-126) unless it is
+  // Inf / NaN, which pass through unchanged (Inf / 448 = Inf).
+  float scale = __uint_as_float(amax_bits);
+  if (amax_bits < 0x7f800000u)
+    scale = cvt_rn_f32_f64(mul_rn_f64(embed_normal_rebiased<0>(amax_bits), kInv448));
   if constexpr (kPow2) scale = __uint_as_float(round_up_pow2_bits(__float_as_uint(scale)));
   return scale;
 }
 
-// kN (4 or 8) float32 values -> kN e4m3fn bytes packed little-endian in words.
-template <int kN>
-__device__ __forceinline__ void quantize(const float (&f)[kN], float scale, uint32_t (&out)[kN / 4]) {
+// The kVec elements of one load -> kVec e4m3fn bytes packed little-endian in
+// kVec / 4 words.  Finite scale; `recip` = scaled_reciprocal(scale).
+template <InDtype kIn>
+__device__ __forceinline__ void quantize(const uint32_t (&raw)[4], double recip,
+                                         uint32_t (&out)[InTraits<kIn>::kVec / 4]) {
+  constexpr int kVec = InTraits<kIn>::kVec;
+  float q[kVec];
 #pragma unroll
-  for (int w = 0; w < kN / 4; ++w) {
-    const uint32_t lo = cvt_e4m3x2(div_rn(f[4 * w + 0], scale), div_rn(f[4 * w + 1], scale));
-    const uint32_t hi = cvt_e4m3x2(div_rn(f[4 * w + 2], scale), div_rn(f[4 * w + 3], scale));
-    out[w] = lo | (hi << 16);
+  for (int j = 0; j < kVec; ++j)
+    q[j] = cvt_rn_f32_f64(mul_rn_f64(embed_f32_scaled(element_f32_bits<kIn>(raw, j)), recip));
+#pragma unroll
+  for (int w = 0; w < kVec / 4; ++w)
+    out[w] = cvt_e4m3x2(q[4 * w], q[4 * w + 1]) | (cvt_e4m3x2(q[4 * w + 2], q[4 * w + 3]) << 16);
+}
+
+// Same for a non-finite scale, i.e. RN(x / NaN) = NaN, RN(+-Inf / Inf) = NaN
+// and RN(finite / Inf) = signed zero, as e4m3fn bytes (0x7f NaN, 0x00/0x80).
+template <InDtype kIn>
+__device__ __forceinline__ void quantize_nonfinite(const uint32_t (&raw)[4], float scale,
+                                                   uint32_t (&out)[InTraits<kIn>::kVec / 4]) {
+  constexpr int kVec = InTraits<kIn>::kVec;
+  const bool scale_nan = __float_as_uint(scale) > 0x7f800000u;
+#pragma unroll
+  for (int w = 0; w < kVec / 4; ++w) {
+    uint32_t word = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t bits = element_f32_bits<kIn>(raw, 4 * w + j);
+      const uint32_t byte = (scale_nan || (bits & 0x7fffffffu) >= 0x7f800000u) ? 0x7fu : (bits >> 31) << 7;
+      word |= byte << (8 * j);
+    }
+    out[w] = word;
   }
 }
 
@@ -263,13 +382,12 @@ per_token_cast_kernel(const void* __restrict__ x, uint8_t* __restrict__ a, float
       const bool chunk_valid = c0 + u < chunks_per_task;  // warp-uniform
 
       // Group amax: this lane's kVec values, then a butterfly over its group
-      float f[kVec];
-      quant::unpack<kIn>(raw[u], f);
-      uint32_t amax = quant::abs_max_bits(f, 0u);
+      uint32_t amax = quant::abs_max_bits<kIn>(raw[u], 0u);
 #pragma unroll
       for (uint32_t off = kLanesPerGroup / 2; off > 0; off /= 2)
         amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-      const float scale = quant::amax_to_scale<kPow2>(amax, min_amax);
+      const float scale =
+          quant::amax_to_scale<kPow2>(quant::abs_bits_to_f32_bits<kIn>(amax), min_amax);
 
       // Write the scale (first lane of each group) and the padding rows
       const uint32_t group = col / quant::kGroup;
@@ -277,14 +395,20 @@ per_token_cast_kernel(const void* __restrict__ x, uint8_t* __restrict__ a, float
         float* dst = sfa_row + static_cast<uint64_t>(group) * m_pad;
         quant::st_global_f32(dst, scale);
         if (writes_padding) {
-          for (uint32_t p = 1; p < m_pad - i; ++p) quant::st_global_f32(dst + p, 0.0f);
+#pragma unroll
+          for (uint32_t p = 1; p < 4; ++p)
+            if (i + p < m_pad) quant::st_global_f32(dst + p, 0.0f);
         }
       }
 
       // Cast and store this lane's kVec payload bytes
       if (chunk_valid && col < k) {
         uint32_t q[kVec / 4];
-        quant::quantize(f, scale, q);
+        if (__float_as_uint(scale) < 0x7f800000u) {
+          quant::quantize<kIn>(raw[u], quant::scaled_reciprocal(scale), q);
+        } else {
+          quant::quantize_nonfinite<kIn>(raw[u], scale, q);
+        }
         quant::store_payload<kVec>(a_row + col, q);
       }
     }
@@ -335,9 +459,8 @@ per_block_cast_kernel(const void* __restrict__ x, uint8_t* __restrict__ out, flo
   const int64_t x_row_bytes = x_row_stride * static_cast<int64_t>(Traits::kBytes);
 
   // Load the whole tile; rows past n and columns past k read as zeros.
-  // NOTES: validity is kept as a bit mask in one register rather than kIters
-  // predicates: predicates do not survive the division slow-path calls, and
-  // saving them cost stack spills (fp16, 64 registers).
+  // (Row validity lives in one bit-mask register rather than kIters live
+  // predicates, which ptxas spilled in an earlier version.)
   uint32_t row_mask = 0;
 #pragma unroll
   for (uint32_t it = 0; it < kIters; ++it)
@@ -358,18 +481,16 @@ per_block_cast_kernel(const void* __restrict__ x, uint8_t* __restrict__ out, flo
   // Tile amax: per thread, per warp, then across the 8 warps
   uint32_t amax = 0;
 #pragma unroll
-  for (uint32_t it = 0; it < kIters; ++it) {
-    float f[kVec];
-    quant::unpack<kIn>(raw[it], f);
-    amax = quant::abs_max_bits(f, amax);
-  }
+  for (uint32_t it = 0; it < kIters; ++it) amax = quant::abs_max_bits<kIn>(raw[it], amax);
 #pragma unroll
   for (uint32_t off = 16; off > 0; off /= 2) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, off));
   if (threadIdx.x % 32 == 0) smem_warp_amax[threadIdx.x / 32] = amax;
   __syncthreads();
 #pragma unroll
   for (uint32_t w = 0; w < kWarps; ++w) amax = max(amax, smem_warp_amax[w]);
-  const float scale = quant::amax_to_scale<kPow2>(amax, min_amax);
+  const float scale = quant::amax_to_scale<kPow2>(quant::abs_bits_to_f32_bits<kIn>(amax), min_amax);
+  const bool scale_finite = __float_as_uint(scale) < 0x7f800000u;
+  const double recip = scale_finite ? quant::scaled_reciprocal(scale) : 0.0;
 
   // Write the scale
   if (threadIdx.x == 0)
@@ -382,10 +503,12 @@ per_block_cast_kernel(const void* __restrict__ x, uint8_t* __restrict__ out, flo
   for (uint32_t it = 0; it < kIters; ++it) {
     if (row_mask >> it & 1u) {
       const uint32_t r = r0 + it * kRowStep;
-      float f[kVec];
-      quant::unpack<kIn>(raw[it], f);
       uint32_t q[kVec / 4];
-      quant::quantize(f, scale, q);
+      if (scale_finite) {
+        quant::quantize<kIn>(raw[it], recip, q);
+      } else {
+        quant::quantize_nonfinite<kIn>(raw[it], scale, q);
+      }
       quant::store_payload<kVec>(out_base + static_cast<uint64_t>(r) * k, q);
     }
   }

@@ -1,0 +1,216 @@
+"""Benchmark of the FP8 quantisation kernels (issue 6) on one GPU.
+
+    python benches/bench_quant.py [--reps 50] [--warmup 5] [--json OUT]
+
+Cases (bfloat16 input, DeepSeek-V3 sizes):
+
+* per_token_cast_to_fp8 on [4096, 7168] (prefill) and [128, 7168] (decode);
+* per_block_cast_to_fp8 on [7168, 7168] (a weight matrix).
+
+For each: kernel time (median over repetitions, CUDA events around the call,
+a 256 MB write before every repetition so each starts with a cold L2), the
+achieved bandwidth (bytes read + written, scales included) and its ratio to
+
+* a device-to-device copy of a 2 GB buffer measured in the same run (the
+  memory ceiling, bytes read + written), and
+* the same quantisation written as plain CuPy expressions (reshape,
+  abs().max(axis), divide, clip, e4m3 encoding by integer bit manipulation);
+  its result is compared with cugemm8's (the ``same bits`` column).
+
+Nothing here asserts; problems are reported in the table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import cupy as cp          # noqa: E402
+import ml_dtypes           # noqa: E402
+import numpy as np         # noqa: E402
+
+from cugemm8 import quant  # noqa: E402
+
+FLUSH_BYTES = 256 << 20
+COPY_BYTES = 2 << 30
+
+
+# ----------------------------------------------------------------------------
+# Timing
+# ----------------------------------------------------------------------------
+
+class L2Flush:
+    def __init__(self, nbytes: int = FLUSH_BYTES):
+        self.buf = cp.empty(nbytes, dtype=cp.uint8)
+        self.value = 0
+
+    def __call__(self):
+        self.value = (self.value + 1) & 0xFF
+        self.buf.fill(self.value)
+
+
+def time_us(fn, *, reps: int, warmup: int, flush) -> list:
+    """Kernel times in microseconds, one per repetition.
+
+    The flush runs on the GPU for ~100 us before each timed call, which
+    hides the Python launch overhead of the call behind it.
+    """
+    for _ in range(warmup):
+        fn()
+    cp.cuda.get_current_stream().synchronize()
+    pairs = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(reps)]
+    for start, end in pairs:
+        if flush is not None:
+            flush()
+        start.record()
+        fn()
+        end.record()
+    pairs[-1][1].synchronize()
+    return [cp.cuda.get_elapsed_time(s, e) * 1e3 for s, e in pairs]
+
+
+def copy_gbps(reps: int) -> float:
+    src = cp.empty(COPY_BYTES, dtype=cp.uint8)
+    dst = cp.empty(COPY_BYTES, dtype=cp.uint8)
+    src.fill(1)
+    t = statistics.median(time_us(lambda: dst.data.copy_from_device_async(src.data, COPY_BYTES),
+                                  reps=max(5, reps // 5), warmup=2, flush=None))
+    del src, dst
+    cp.get_default_memory_pool().free_all_blocks()
+    return 2 * COPY_BYTES / t / 1e3
+
+
+# ----------------------------------------------------------------------------
+# The plain-CuPy baseline
+# ----------------------------------------------------------------------------
+
+def _e4m3_bits(q):
+    """float32 values already clipped to [-448, 448] (NaN allowed) -> e4m3fn
+    bit patterns, round to nearest even, with CuPy array expressions."""
+    bits = q.view(cp.uint32)
+    sign = ((bits >> 31) << 7).astype(cp.uint8)
+    a = cp.abs(q)
+    ab = a.view(cp.uint32)
+    # normals (|q| >= 2^-6): round the 23-bit fraction to 3 bits (RNE) in place
+    r = ab + cp.uint32(0x7FFFF) + ((ab >> 20) & cp.uint32(1))
+    normal = (((r >> 23).astype(cp.int32) - 120) << 3) | ((r >> 20) & cp.uint32(7)).astype(cp.int32)
+    # subnormals: multiples of 2^-9 (rint is RNE)
+    sub = cp.rint(a * cp.float32(512.0)).astype(cp.int32)
+    code = cp.where(a >= cp.float32(2.0 ** -6), normal, sub)
+    code = cp.where(cp.isnan(q), 0x7F, code).astype(cp.uint8)
+    return code | sign
+
+
+def cupy_per_token(x, min_amax=1e-4):
+    m, k = x.shape
+    kb = -(-k // 128)
+    xf = x.astype(cp.float32)
+    if kb * 128 != k:
+        xf = cp.pad(xf, ((0, 0), (0, kb * 128 - k)))
+    g = xf.reshape(m, kb, 128)
+    amax = cp.maximum(cp.abs(g).max(axis=-1), cp.float32(min_amax))
+    scale = amax / cp.float32(448.0)
+    q = cp.clip(g / scale[..., None], cp.float32(-448.0), cp.float32(448.0))
+    a = _e4m3_bits(q).reshape(m, kb * 128)[:, :k]
+    m_pad = -(-m // 4) * 4
+    sfa = cp.zeros((kb, m_pad), dtype=cp.float32)
+    sfa[:, :m] = scale.T
+    return a, sfa[:, :m].T
+
+
+def cupy_per_block(w, min_amax=1e-4):
+    n, k = w.shape
+    nb, kb = -(-n // 128), -(-k // 128)
+    wf = w.astype(cp.float32)
+    if (nb * 128, kb * 128) != (n, k):
+        wf = cp.pad(wf, ((0, nb * 128 - n), (0, kb * 128 - k)))
+    t = wf.reshape(nb, 128, kb, 128)
+    amax = cp.maximum(cp.abs(t).max(axis=(1, 3)), cp.float32(min_amax))
+    scale = amax / cp.float32(448.0)
+    q = cp.clip(t / scale[:, None, :, None], cp.float32(-448.0), cp.float32(448.0))
+    b = _e4m3_bits(q).reshape(nb * 128, kb * 128)[:n, :k]
+    return b, scale
+
+
+def same_bits(mine, base) -> bool:
+    (p1, s1), (p2, s2) = mine, base
+    return bool(cp.array_equal(p1, p2)) and bool(cp.array_equal(s1.view(cp.uint32), s2.view(cp.uint32)))
+
+
+# ----------------------------------------------------------------------------
+# Cases
+# ----------------------------------------------------------------------------
+
+def case_bytes(kind: str, rows: int, k: int, item: int) -> int:
+    kb = -(-k // 128)
+    if kind == "per_token":
+        return rows * k * item + rows * k + kb * (-(-rows // 4) * 4) * 4
+    return rows * k * item + rows * k + (-(-rows // 128)) * kb * 4
+
+
+def run(reps: int, warmup: int) -> dict:
+    dev = cp.cuda.Device()
+    props = cp.cuda.runtime.getDeviceProperties(dev.id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+    flush = L2Flush()
+    ceiling = copy_gbps(reps)
+    rng = np.random.default_rng(0)
+    cases = [("per_token", 4096, 7168), ("per_token", 128, 7168), ("per_block", 7168, 7168)]
+    results = []
+    for kind, rows, k in cases:
+        host = (rng.standard_normal((rows, k), dtype=np.float32)
+                * np.exp2(rng.integers(-3, 4, (rows, 1))).astype(np.float32))
+        x = cp.asarray(host.astype(ml_dtypes.bfloat16))
+        fn = quant.per_token_cast_to_fp8 if kind == "per_token" else quant.per_block_cast_to_fp8
+        base = cupy_per_token if kind == "per_token" else cupy_per_block
+        nbytes = case_bytes(kind, rows, k, x.itemsize)
+        t_mine = statistics.median(time_us(lambda: fn(x), reps=reps, warmup=warmup, flush=flush))
+        row = {"case": f"{kind} [{rows}, {k}] bf16", "bytes": nbytes, "us": t_mine,
+               "gbps": nbytes / t_mine / 1e3}
+        row["of_copy"] = row["gbps"] / ceiling
+        try:
+            t_base = statistics.median(time_us(lambda: base(x), reps=max(5, reps // 5),
+                                               warmup=2, flush=flush))
+            row["cupy_us"] = t_base
+            row["speedup_vs_cupy"] = t_base / t_mine
+            row["same_bits"] = same_bits(fn(x), base(x))
+        except Exception as exc:  # the baseline is best effort
+            row["cupy_error"] = f"{type(exc).__name__}: {exc}"
+        results.append(row)
+        del x
+        cp.get_default_memory_pool().free_all_blocks()
+    return {"device": name, "copy_gbps": ceiling, "reps": reps, "results": results}
+
+
+def print_table(report: dict) -> None:
+    print(f"device: {report['device']}   D2D copy ceiling: {report['copy_gbps']:.0f} GB/s "
+          f"(read + write), median of {report['reps']} reps, cold L2")
+    head = f"{'case':<32}{'us':>9}{'GB/s':>9}{'of copy':>9}{'cupy us':>10}{'x cupy':>8}  same bits"
+    print(head)
+    print("-" * len(head))
+    for r in report["results"]:
+        cu = f"{r['cupy_us']:10.1f}{r['speedup_vs_cupy']:8.1f}" if "cupy_us" in r else \
+            f"{'n/a':>10}{'':>8}"
+        bits = str(r.get("same_bits", r.get("cupy_error", "n/a")))
+        print(f"{r['case']:<32}{r['us']:9.1f}{r['gbps']:9.0f}{r['of_copy']:9.1%}{cu}  {bits}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--json", metavar="OUT", help="also write the results as JSON")
+    args = ap.parse_args(argv)
+    report = run(args.reps, args.warmup)
+    print_table(report)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

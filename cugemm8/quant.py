@@ -1,0 +1,371 @@
+"""FP8 (e4m3fn) quantisation on the GPU, writing exactly what the GEMMs read.
+
+Math (DeepSeek-V3 fine-grained scaling; bit-identical to
+:func:`cugemm8.reference.per_token_cast_to_fp8` / ``per_block_cast_to_fp8``)::
+
+    amax  = max |x| over each 1x128 group (per token) or 128x128 tile (per
+            block), K and N tails zero-padded, NaN propagating
+    amax  = max(amax, float32(min_amax))
+    scale = float32(amax / 448)            (IEEE float32 quotient, RNE)
+            -> 2^ceil(log2(scale)) if pow2_scale (exact)
+    q     = e4m3fn(clip(float32(x / scale), -448, 448))   (RNE, NaN stays NaN)
+
+so ``x ~= e4m3(q) * scale``.  Finite inputs never produce NaN payloads
+(finite overflow saturates to +-448) and an all-zero group gets
+``scale = min_amax / 448``.  A NaN poisons only its own group / tile (NaN
+scale, NaN payloads); an Inf gives its group an Inf scale, NaN at the Inf
+positions and zeros elsewhere, so the dequantised group is NaN.
+
+NaN encodings: the kernels write NaN payloads as ``0x7F`` and NaN scales as
+the canonical float32 NaN; NumPy may produce ``0xFF`` / other NaN bit
+patterns for the same positions (it propagates NaN signs and payloads).  Both
+are NaN; compare NaN positions, not NaN bits.
+
+Kernels (``cuda_src/quant.cuh``): one pass over the input, 16-byte loads;
+per token, one warp per run of 128-group chunks of a row with a
+warp-shuffle amax; per block, one 256-thread CTA per 128x128 tile held in
+registers.  Everything runs on CuPy's current stream without host
+synchronisation.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from . import _device, _jit
+
+_HEADER = "quant.cuh"
+_THREADS = 256                     # quant::kThreads
+_WARPS = _THREADS // 32
+_UNROLL = 4                        # per_token_cast_kernel's kUnroll
+_GROUP = 128
+_E4M3_MAX = 448.0
+#: Smallest accepted ``min_amax``: every scale is then a normal float32
+#: (>= 2^-126), which the kernels' exact division scheme relies on.
+MIN_AMAX_FLOOR = 448.0 * 2.0 ** -126          # = 7 * 2^-120, exact in float32
+_INT32_MAX = 2 ** 31 - 1
+_IN_DTYPES = {"float32": "kFloat32", "float16": "kFloat16", "bfloat16": "kBFloat16"}
+
+__all__ = ["per_token_cast_to_fp8", "per_block_cast_to_fp8", "gemm_fp8", "MIN_AMAX_FLOOR"]
+
+
+# ----------------------------------------------------------------------------
+# Kernel names
+# ----------------------------------------------------------------------------
+
+def kernel_name(kind: str, dtype_name: str, pow2_scale: bool) -> str:
+    """Fully qualified name expression of one quantisation kernel.
+
+    ``kind`` is ``"per_token"`` or ``"per_block"``; ``dtype_name`` one of
+    ``"float32"``, ``"float16"``, ``"bfloat16"``.
+    """
+    if kind not in ("per_token", "per_block"):
+        raise ValueError(f"kind must be 'per_token' or 'per_block', got {kind!r}")
+    return (f"cugemm8::{kind}_cast_kernel<cugemm8::InDtype::{_IN_DTYPES[dtype_name]}, "
+            f"{'true' if pow2_scale else 'false'}>")
+
+
+def all_kernel_names() -> list:
+    """Every instantiation the public functions can launch (for compile checks)."""
+    return [kernel_name(kind, dt, p) for kind in ("per_token", "per_block")
+            for dt in _IN_DTYPES for p in (False, True)]
+
+
+# ----------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------
+
+def _cupy():
+    try:
+        import cupy
+    except Exception as exc:  # pragma: no cover - exercised without CuPy
+        raise _device.DeviceError(f"CuPy is not importable ({exc})") from None
+    return cupy
+
+
+def _check_input(name: str, x, cupy):
+    if not isinstance(x, cupy.ndarray):
+        if isinstance(x, np.ndarray):
+            raise TypeError(f"{name} is a NumPy (host) array; cugemm8 needs a CuPy device array "
+                            f"(use cupy.asarray({name}))")
+        raise TypeError(f"{name} must be a cupy.ndarray, got {type(x).__name__}")
+    if x.dtype.name not in _IN_DTYPES:
+        raise TypeError(f"{name} must be float32, float16 or bfloat16 (ml_dtypes.bfloat16), "
+                        f"got dtype {x.dtype}")
+    if x.ndim not in (2, 3):
+        raise ValueError(f"{name} must be 2-D [rows, k] or 3-D [g, rows, k], got shape {x.shape}")
+    dev = cupy.cuda.runtime.getDevice()
+    if x.device.id != dev:
+        raise ValueError(f"{name} is on device {x.device.id} but the current device is {dev}; "
+                         f"run under `with cupy.cuda.Device({x.device.id}):`")
+    k = x.shape[-1]
+    if k % 16:
+        raise ValueError(f"{name} has k = {k}; k must be a multiple of 16 (16-byte FP8 rows, "
+                         f"the GEMMs' TMA rule)")
+    if x.shape[-2] > _INT32_MAX or k > _INT32_MAX:
+        raise ValueError(f"{name} shape {x.shape}: rows and k must be below 2^31")
+
+
+def _check_options(min_amax, pow2_scale) -> np.float32:
+    if not isinstance(pow2_scale, (bool, np.bool_)):
+        raise TypeError(f"pow2_scale must be a bool, got {type(pow2_scale).__name__}")
+    if isinstance(min_amax, (bool, np.bool_)) or not isinstance(min_amax, numbers.Real):
+        raise TypeError(f"min_amax must be a real number, got {type(min_amax).__name__}")
+    value = float(min_amax)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"min_amax must be finite and > 0, got {min_amax!r}")
+    f32 = np.float32(value)
+    if not f32 >= np.float32(MIN_AMAX_FLOOR):
+        raise ValueError(f"min_amax = {min_amax!r} is below {MIN_AMAX_FLOOR:.6g} (448 * 2^-126): "
+                         f"min_amax / 448 must be a normal float32 so every scale is")
+    return f32
+
+
+def _kernel_operand(x, cupy):
+    """``(x', batch_stride, row_stride)`` (strides in elements) for the kernels.
+
+    The kernels read any strides whose last dimension is contiguous and
+    whose base address and other strides are multiples of 16 bytes (negative
+    and zero strides included).  Anything else is copied to a fresh
+    C-contiguous (hence 16-byte aligned) array first.
+    """
+    item = x.itemsize
+
+    def readable(a):
+        if a.shape[-1] > 1 and a.strides[-1] != item:
+            return False
+        if a.data.ptr % 16:
+            return False
+        return all(a.shape[d] <= 1 or a.strides[d] % 16 == 0 for d in range(a.ndim - 1))
+
+    if x.size and not readable(x):
+        x = x.copy(order="C")
+    x3 = x if x.ndim == 3 else x[None]
+    batch = x3.strides[0] // item if x3.shape[0] > 1 else 0
+    row = x3.strides[1] // item if x3.shape[1] > 1 else 0
+    return x3, batch, row
+
+
+# ----------------------------------------------------------------------------
+# Launch geometry
+# ----------------------------------------------------------------------------
+
+def _per_token_split(rows: int, k: int, itemsize: int, num_sms: int):
+    """``(tasks_per_row, chunks_per_task)`` for the per-token kernel.
+
+    A chunk is one 16-byte load per lane of a warp (512 bytes of input).  A
+    warp normally takes ``_UNROLL`` chunks (its loads all in flight at once);
+    fewer when that would leave the GPU with less than about two waves of
+    warps, as for decode-sized batches (m = 128, k = 7168: 3584 warps of one
+    chunk instead of 896 of four).
+    """
+    chunks_per_row = -(-k // (32 * (16 // itemsize)))
+    per_task = _UNROLL
+    target = 2 * num_sms * 40          # ~40 resident warps per SM (48 registers)
+    while per_task > 1 and rows * -(-chunks_per_row // per_task) < target:
+        per_task //= 2
+    return -(-chunks_per_row // per_task), per_task
+
+
+def _launch_per_token(x, a, sfa_buf, min_amax_f32, pow2_scale: bool, cupy) -> None:
+    """Launch the per-token kernel: ``x`` validated and non-empty, ``a``
+    uint8 ``[g, m, k]`` and ``sfa_buf`` float32 ``[g, ceil(k/128), m_pad]``,
+    both C-contiguous (tests pass poisoned buffers here)."""
+    *_, m, k = x.shape
+    g = x.shape[0] if x.ndim == 3 else 1
+    m_pad = sfa_buf.shape[-1]
+    rows = g * m
+    x3, batch_stride, row_stride = _kernel_operand(x, cupy)
+    num_sms = _device.device_info(_device.require_hopper())["num_sms"]
+    tasks_per_row, per_task = _per_token_split(rows, k, x.itemsize, num_sms)
+    warps = rows * tasks_per_row
+    if warps > _INT32_MAX or rows >= 2 ** 32:
+        raise ValueError(f"x shape {x.shape} is too large for the per-token kernel's 32-bit "
+                         f"work indices ({warps} warp tasks)")
+    kern = _jit.get_kernel(_HEADER, kernel_name("per_token", x.dtype.name, pow2_scale))
+    args = (x3, a, sfa_buf, np.uint32(m), np.uint32(k), np.uint32(rows),
+            np.int64(batch_stride), np.int64(row_stride), np.uint32(m_pad),
+            np.uint32(tasks_per_row), np.uint32(per_task), min_amax_f32)
+    kern((-(-warps // _WARPS),), (_THREADS,), args)
+
+
+def _launch_per_block(w, b, sfb, min_amax_f32, pow2_scale: bool, cupy) -> None:
+    """Launch the per-block kernel: ``w`` validated and non-empty, ``b`` uint8
+    ``[g, n, k]`` and ``sfb`` float32 ``[g, ceil(n/128), ceil(k/128)]``, both
+    C-contiguous."""
+    *_, n, k = w.shape
+    g = w.shape[0] if w.ndim == 3 else 1
+    nb, kb = -(-n // _GROUP), -(-k // _GROUP)
+    tiles = g * nb * kb
+    if tiles > _INT32_MAX:
+        raise ValueError(f"w shape {w.shape} has {tiles} 128x128 tiles; at most 2^31 - 1")
+    w3, batch_stride, row_stride = _kernel_operand(w, cupy)
+    kern = _jit.get_kernel(_HEADER, kernel_name("per_block", w.dtype.name, pow2_scale))
+    args = (w3, b, sfb, np.uint32(n), np.uint32(k), np.uint32(nb), np.uint32(kb),
+            np.int64(batch_stride), np.int64(row_stride), min_amax_f32)
+    kern((tiles,), (_THREADS,), args)
+
+
+# ----------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------
+
+def per_token_cast_to_fp8(x, *, min_amax: float = 1e-4, pow2_scale: bool = False):
+    """Quantise activations to e4m3fn with one scale per token per 128 K.
+
+    For each row and each 1x128 group along K (the K tail zero-padded)::
+
+        amax  = max(max |x|, float32(min_amax))         (NaN propagates)
+        scale = float32(amax / 448)   [-> 2^ceil(log2(scale)) if pow2_scale]
+        a     = e4m3fn(clip(float32(x / scale), -448, 448))
+
+    bit-identical to :func:`cugemm8.reference.per_token_cast_to_fp8` (NaN
+    payloads and NaN scales compare as NaN, see the module docstring).
+
+    Requirements:
+        ``x`` is a CuPy array on the current device, float32, float16 or
+        bfloat16 (``ml_dtypes.bfloat16``), 2-D ``[m, k]`` or 3-D
+        ``[g, m, k]`` with ``k % 16 == 0``.  Any strides are accepted: a view
+        whose last dimension is contiguous, whose base address and other
+        strides are multiples of 16 bytes is read in place (e.g. the batch
+        slice ``x_full[:, 3:, :]``, a padded row pitch, negative strides);
+        any other view is first copied to a contiguous array (one extra
+        device copy, a temporary as large as ``x``).
+
+    Arguments:
+        x: activations ``[m, k]`` or ``[g, m, k]``.
+        min_amax: lower clamp of amax (keyword-only), a finite float with
+            ``float32(min_amax) >= 448 * 2^-126`` (~5.3e-36), so that every
+            scale is a normal float32.  Default 1e-4 (DeepGEMM's recipe).
+        pow2_scale: round every scale up to a power of two (keyword-only).
+
+    Returns:
+        ``(a, sfa)``:
+
+        * ``a``: uint8 ``[..., m, k]`` e4m3fn bit patterns, C-contiguous
+          (``a.view(ml_dtypes.float8_e4m3fn)`` gives a typed view);
+        * ``sfa``: float32, logical shape ``[..., m, ceil(k/128)]``, stored
+          MN-major and TMA-aligned as the GEMMs read it: it is a transposed
+          view of a buffer ``[..., ceil(k/128), m_pad]`` with
+          ``m_pad = ceil(m/4)*4``, so ``sfa.strides`` is ``(4, 4*m_pad)``
+          (2-D) or ``(4*m_pad*kb, 4, 4*m_pad)`` (3-D).  The padding rows
+          ``m..m_pad-1`` of the buffer hold 0.
+
+        ``m == 0`` or ``k == 0`` (or ``g == 0``) returns empty arrays of these
+        shapes without launching anything.
+
+    Raises:
+        TypeError: ``x`` not a CuPy array of a supported dtype; ``min_amax``
+            not a real number; ``pow2_scale`` not a bool.
+        ValueError: wrong ndim, ``k % 16 != 0``, another device, sizes beyond
+            the kernels' 32-bit indexing, ``min_amax`` out of range.
+        cugemm8.DeviceError: no usable Hopper GPU / NVRTC.
+    """
+    cupy = _cupy()
+    _check_input("x", x, cupy)
+    min_amax_f32 = _check_options(min_amax, pow2_scale)
+    squeeze = x.ndim == 2
+    *lead, m, k = x.shape
+    g = lead[0] if lead else 1
+    kb = -(-k // _GROUP)
+    m_pad = -(-m // 4) * 4
+    a = cupy.empty((g, m, k), dtype=np.uint8)
+    sfa_buf = cupy.empty((g, kb, m_pad), dtype=np.float32)
+    sfa = sfa_buf.transpose(0, 2, 1)[:, :m, :]      # [g, m, kb], strides (4*m_pad*kb, 4, 4*m_pad)
+    if g and m and k:
+        _launch_per_token(x, a, sfa_buf, min_amax_f32, bool(pow2_scale), cupy)
+    return (a[0], sfa[0]) if squeeze else (a, sfa)
+
+
+def per_block_cast_to_fp8(w, *, min_amax: float = 1e-4, pow2_scale: bool = False):
+    """Quantise weights to e4m3fn with one scale per 128x128 block.
+
+    For each 128 (N) x 128 (K) tile (N and K tails zero-padded)::
+
+        amax  = max(max |w|, float32(min_amax))         (NaN propagates)
+        scale = float32(amax / 448)   [-> 2^ceil(log2(scale)) if pow2_scale]
+        b     = e4m3fn(clip(float32(w / scale), -448, 448))
+
+    bit-identical to :func:`cugemm8.reference.per_block_cast_to_fp8` (NaN
+    payloads and scales compare as NaN).
+
+    Requirements:
+        As :func:`per_token_cast_to_fp8`: a CuPy float32 / float16 /
+        bfloat16 array ``[n, k]`` or ``[g, n, k]`` on the current device,
+        ``k % 16 == 0``; views with a contiguous last dimension and 16-byte
+        aligned base and strides are read in place, others copied first.
+
+    Arguments:
+        w: weights ``[n, k]`` or ``[g, n, k]``.
+        min_amax, pow2_scale: as :func:`per_token_cast_to_fp8`.
+
+    Returns:
+        ``(b, sfb)``: ``b`` uint8 ``[..., n, k]`` e4m3fn bits, C-contiguous;
+        ``sfb`` float32 ``[..., ceil(n/128), ceil(k/128)]``, C-contiguous.
+        Empty inputs return empty arrays without a launch.
+
+    Raises:
+        As :func:`per_token_cast_to_fp8`.
+    """
+    cupy = _cupy()
+    _check_input("w", w, cupy)
+    min_amax_f32 = _check_options(min_amax, pow2_scale)
+    squeeze = w.ndim == 2
+    *lead, n, k = w.shape
+    g = lead[0] if lead else 1
+    nb, kb = -(-n // _GROUP), -(-k // _GROUP)
+    b = cupy.empty((g, n, k), dtype=np.uint8)
+    sfb = cupy.empty((g, nb, kb), dtype=np.float32)
+    if g and n and k:
+        _launch_per_block(w, b, sfb, min_amax_f32, bool(pow2_scale), cupy)
+    return (b[0], sfb[0]) if squeeze else (b, sfb)
+
+
+def gemm_fp8(a, b, out=None, *, pow2_scale: bool = False):
+    """One-call FP8 GEMM: ``out = a @ b^T`` in bfloat16, quantising as needed.
+
+    Arguments:
+        a: either a float CuPy array ``[m, k]`` (float32 / float16 /
+            bfloat16), quantised with :func:`per_token_cast_to_fp8`, or an
+            already quantised ``(payload_uint8 [m, k], sfa [m, ceil(k/128)])``
+            pair.
+        b: either a float CuPy array ``[n, k]``, quantised with
+            :func:`per_block_cast_to_fp8`, or a ``(payload [n, k],
+            sfb [ceil(n/128), ceil(k/128)])`` pair.
+        out: optional bfloat16 ``[m, n]`` output; allocated when None.
+        pow2_scale: power-of-two scales for the operands quantised here
+            (keyword-only).
+
+    Returns:
+        ``out``, bfloat16 ``[m, n]``.
+
+    Requirements and errors: those of the quantisers for float inputs and of
+    :func:`cugemm8.gemm.gemm_fp8_fp8_bf16_nt` (``k % 16 == 0``,
+    ``n % 8 == 0``, ...) for the GEMM.
+    """
+    cupy = _cupy()
+    lhs = _operand("a", a, per_token_cast_to_fp8, pow2_scale, cupy)
+    rhs = _operand("b", b, per_block_cast_to_fp8, pow2_scale, cupy)
+    if out is None:
+        import ml_dtypes
+        m, n = lhs[0].shape[0], rhs[0].shape[0]
+        out = cupy.empty((m, n), dtype=ml_dtypes.bfloat16)
+    from . import gemm as _gemm  # imported lazily: quant works without the GEMM module
+    _gemm.gemm_fp8_fp8_bf16_nt(lhs, rhs, out)
+    return out
+
+
+def _operand(name: str, x, cast, pow2_scale, cupy):
+    if isinstance(x, (tuple, list)):
+        if len(x) != 2:
+            raise TypeError(f"{name} must be a float array or a (payload, scale) pair, "
+                            f"got a sequence of length {len(x)}")
+        return tuple(x)
+    if isinstance(x, cupy.ndarray) and x.dtype.name in _IN_DTYPES:
+        if x.ndim != 2:
+            raise ValueError(f"{name} must be 2-D, got shape {x.shape}")
+        return cast(x, pow2_scale=pow2_scale)
+    _check_input(name, x, cupy)      # raises the specific TypeError / ValueError
+    raise TypeError(f"{name} must be a float array or a (payload, scale) pair")

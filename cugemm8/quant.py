@@ -116,7 +116,10 @@ def _check_options(min_amax, pow2_scale) -> np.float32:
     value = float(min_amax)
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"min_amax must be finite and > 0, got {min_amax!r}")
-    f32 = np.float32(value)
+    with np.errstate(over="ignore"):
+        f32 = np.float32(value)
+    if not np.isfinite(f32):
+        raise ValueError(f"min_amax = {min_amax!r} overflows float32")
     if not f32 >= np.float32(MIN_AMAX_FLOOR):
         raise ValueError(f"min_amax = {min_amax!r} is below {MIN_AMAX_FLOOR:.6g} (448 * 2^-126): "
                          f"min_amax / 448 must be a normal float32 so every scale is")
@@ -236,9 +239,10 @@ def per_token_cast_to_fp8(x, *, min_amax: float = 1e-4, pow2_scale: bool = False
 
     Arguments:
         x: activations ``[m, k]`` or ``[g, m, k]``.
-        min_amax: lower clamp of amax (keyword-only), a finite float with
-            ``float32(min_amax) >= 448 * 2^-126`` (~5.3e-36), so that every
-            scale is a normal float32.  Default 1e-4 (DeepGEMM's recipe).
+        min_amax: lower clamp of amax (keyword-only), a real number whose
+            float32 rounding is finite and ``>= 448 * 2^-126`` (~5.3e-36), so
+            that every scale is a normal float32.  Default 1e-4 (DeepGEMM's
+            recipe).
         pow2_scale: round every scale up to a power of two (keyword-only).
 
     Returns:

@@ -423,3 +423,17 @@ def test_kernel_names():
         "cugemm8::per_token_cast_kernel<cugemm8::InDtype::kBFloat16, true>"
     with pytest.raises(ValueError):
         Q.kernel_name("per_row", "float32", False)
+
+
+def test_option_validation():
+    assert Q._check_options(1e-4, False) == np.float32(1e-4)
+    assert Q._check_options(Q.MIN_AMAX_FLOOR, np.bool_(True)) == np.float32(Q.MIN_AMAX_FLOOR)
+    for bad in (0.0, -1.0, float("nan"), float("inf"), 1e-40, Q.MIN_AMAX_FLOOR * 0.99, 1e39):
+        with pytest.raises(ValueError, match="min_amax"):
+            Q._check_options(bad, False)
+    for bad in ("1e-4", None, True, 1j):
+        with pytest.raises(TypeError, match="min_amax"):
+            Q._check_options(bad, False)
+    for bad in (1, None, "yes"):
+        with pytest.raises(TypeError, match="pow2_scale"):
+            Q._check_options(1e-4, bad)

@@ -491,7 +491,7 @@ def test_validation_errors():
             fn(cp.zeros((1, 2, 3, 128), dtype=np.float32))
         with pytest.raises(ValueError, match="multiple of 16"):
             fn(cp.zeros((4, 100), dtype=np.float32))
-        for bad in (0.0, -1.0, float("nan"), float("inf"), 1e-40):
+        for bad in (0.0, -1.0, float("nan"), float("inf"), 1e-40, 1e39):
             with pytest.raises(ValueError, match="min_amax"):
                 fn(x, min_amax=bad)
         with pytest.raises(TypeError, match="min_amax"):

@@ -16,10 +16,11 @@ so ``x ~= e4m3(q) * scale``.  Finite inputs never produce NaN payloads
 scale, NaN payloads); an Inf gives its group an Inf scale, NaN at the Inf
 positions and zeros elsewhere, so the dequantised group is NaN.
 
-NaN encodings: the kernels write NaN payloads as ``0x7F`` and NaN scales as
-the canonical float32 NaN; NumPy may produce ``0xFF`` / other NaN bit
-patterns for the same positions (it propagates NaN signs and payloads).  Both
-are NaN; compare NaN positions, not NaN bits.
+NaN encodings: the kernels write every NaN payload as ``0x7F``, and a NaN
+scale carries the largest ``|x|`` NaN pattern of its group (sign cleared);
+NumPy may give ``0xFF`` or other NaN bits at the same positions (it
+propagates NaN signs and payloads through the division).  Both are NaN:
+compare NaN positions, not NaN bits.
 
 Kernels (``cuda_src/quant.cuh``): one pass over the input, 16-byte loads;
 per token, one warp per run of 128-group chunks of a row with a

@@ -267,6 +267,50 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
         // scale row; the rest (if the tile straddles) the second.
         const uint32_t num_former = constexpr_min(BLOCK_N, 128 - n0 % 128) / 8;
 
+        // Issue the four k32 WGMMAs of one stage for sub-tile v into `acc`
+        // (the first clears it) and commit them as one group.
+        auto issue_mma = [&](float* acc, uint32_t s, uint32_t v) {
+          #pragma unroll
+          for (uint32_t i = 0; i < kNumAccum; ++i) fence_operand(acc[i]);
+          wgmma_fence();
+          #pragma unroll
+          for (uint32_t k = 0; k < 4; ++k) {
+            const uint64_t da = make_smem_desc_sw128(smem_a(s) + row_off(v) * 128 + k * 32);
+            const uint64_t db = make_smem_desc_sw128(smem_b(s) + k * 32);
+            WgmmaFp8<BLOCK_N>::mma(acc, da, db, k > 0 ? 1u : 0u);
+          }
+          wgmma_commit_group();
+        };
+        // After a wait: the accumulator's values are final from here on
+        // (keeps the compiler from reading them earlier).
+        auto fence_acc = [&](float* acc) {
+          #pragma unroll
+          for (uint32_t i = 0; i < kNumAccum; ++i) fence_operand(acc[i]);
+        };
+        // Release a stage to the producer(s): one arrival per warp, on every
+        // CTA of the cluster.
+        auto release = [&](uint32_t s) {
+          if constexpr (kNumMulticast == 1) {
+            if (lane == 0) mbarrier_arrive(empty_bar + s);
+          } else {
+            if (lane < kNumMulticast) mbarrier_arrive_cluster(empty_bar + s, lane);
+          }
+        };
+        // Promotion: final += (SFA[row] * SFB[n-block]) * partial, in FP32.
+        auto promote = [&](const float* acc, float* fin, float sa0, float sa1, float sb0, float sb1) {
+          const float s00 = mul_rn(sa0, sb0), s01 = mul_rn(sa0, sb1);
+          const float s10 = mul_rn(sa1, sb0), s11 = mul_rn(sa1, sb1);
+          #pragma unroll
+          for (uint32_t i = 0; i < kNumAccum / 4; ++i) {
+            const bool former = i < num_former;
+            const float s0 = former ? s00 : s01, s1 = former ? s10 : s11;
+            fin[i * 4 + 0] = fma_rn(s0, acc[i * 4 + 0], fin[i * 4 + 0]);
+            fin[i * 4 + 1] = fma_rn(s0, acc[i * 4 + 1], fin[i * 4 + 1]);
+            fin[i * 4 + 2] = fma_rn(s1, acc[i * 4 + 2], fin[i * 4 + 2]);
+            fin[i * 4 + 3] = fma_rn(s1, acc[i * 4 + 3], fin[i * 4 + 3]);
+          }
+        };
+
         for (uint32_t kb = 0; kb < kNumKBlocks; ++kb) {
           const float sb0 = smem_sfb[kb], sb1 = smem_sfb[kNumKBlocks + kb];
           mbarrier_wait(full_bar + stage, phase);
@@ -280,39 +324,13 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
           }
           #pragma unroll
           for (uint32_t v = 0; v < kWaves; ++v) {
-            #pragma unroll
-            for (uint32_t i = 0; i < kNumAccum; ++i) fence_operand(accum[i]);
-            wgmma_fence();
-            #pragma unroll
-            for (uint32_t k = 0; k < 4; ++k) {
-              const uint64_t da = make_smem_desc_sw128(smem_a(stage) + row_off(v) * 128 + k * 32);
-              const uint64_t db = make_smem_desc_sw128(smem_b(stage) + k * 32);
-              WgmmaFp8<BLOCK_N>::mma(accum, da, db, k > 0 ? 1u : 0u);   // k == 0 clears the accumulator
-            }
-            wgmma_commit_group();
-            #pragma unroll
-            for (uint32_t i = 0; i < kNumAccum; ++i) fence_operand(accum[i]);
+            issue_mma(accum, stage, v);
             wgmma_wait_group<0>();
-            if (v == kWaves - 1) {
-              // Release the stage now, so the next TMA load overlaps the promotion.
-              if constexpr (kNumMulticast == 1) {
-                if (lane == 0) mbarrier_arrive(empty_bar + stage);
-              } else {
-                if (lane < kNumMulticast) mbarrier_arrive_cluster(empty_bar + stage, lane);
-              }
-            }
-            // Promotion: final += (SFA[row] * SFB[n-block]) * partial, in FP32.
-            const float s00 = mul_rn(sa[v][0], sb0), s01 = mul_rn(sa[v][0], sb1);
-            const float s10 = mul_rn(sa[v][1], sb0), s11 = mul_rn(sa[v][1], sb1);
-            #pragma unroll
-            for (uint32_t i = 0; i < kNumAccum / 4; ++i) {
-              const bool former = i < num_former;
-              const float s0 = former ? s00 : s01, s1 = former ? s10 : s11;
-              final_accum[v][i * 4 + 0] = fma_rn(s0, accum[i * 4 + 0], final_accum[v][i * 4 + 0]);
-              final_accum[v][i * 4 + 1] = fma_rn(s0, accum[i * 4 + 1], final_accum[v][i * 4 + 1]);
-              final_accum[v][i * 4 + 2] = fma_rn(s1, accum[i * 4 + 2], final_accum[v][i * 4 + 2]);
-              final_accum[v][i * 4 + 3] = fma_rn(s1, accum[i * 4 + 3], final_accum[v][i * 4 + 3]);
-            }
+            fence_acc(accum);
+            // Release after the last sub-tile's WGMMA, so the next TMA load
+            // overlaps the promotion.
+            if (v == kWaves - 1) release(stage);
+            promote(accum, final_accum[v], sa[v][0], sa[v][1], sb0, sb1);
           }
           if (++stage == kNumStages) stage = 0, phase ^= 1;
         }

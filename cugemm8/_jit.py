@@ -275,7 +275,10 @@ def compile_only(header: str, name_exprs, *, sass: bool = False,
         names, "ptx")
     if isinstance(ptx, bytes):
         ptx = ptx.decode()
-    warnings = [ln for ln in log.splitlines() if "warning" in ln.lower()]
+    # ptxas reports some performance problems (e.g. C7514/C7515, WGMMA
+    # serialisation) as "info" lines: collect those too.
+    warnings = [ln for ln in log.replace("\0", "").splitlines()
+                if "warning" in ln.lower() or "performance loss" in ln.lower()]
     rep = CompileReport(log=log, ptx=ptx, lowered=lowered,
                         resources=parse_ptxas_report(log), warnings=warnings, seconds=dt)
     if sass:

@@ -37,6 +37,7 @@ if (_HERE.parent / "cugemm8").is_dir() and str(_HERE.parent) not in sys.path:
 from cugemm8.cli import (DEEPSEEK_NK, Shape, bf16_to_f64, calc_diff, config_string,  # noqa: E402
                          gemm_bytes, gemm_call, make_operands, poisoned_out, print_table,
                          reference, valid_rows)
+from cugemm8.cli import _group_parts as group_parts  # noqa: E402
 
 PEAK_TFLOPS = 1979.0                  # H200 dense FP8 tensor-core peak
 TARGET_FACTOR = 1.10
@@ -92,14 +93,7 @@ def _groups(shape: Shape, ops: dict) -> list[tuple]:
     a, sfa, b, sfb = ops["a"], ops["sfa"], ops["b"], ops["sfb"]
     if shape.kind == "normal":
         return [(a, sfa, b, sfb, slice(None))]
-    if shape.kind == "contiguous":
-        out = []
-        for e, (off, size) in enumerate(zip(ops["offsets"], ops["sizes"])):
-            rows = slice(off, off + size)
-            out.append((a[rows], sfa[rows], b[e], sfb[e], rows))
-        return out
-    return [(a[g, :rows], sfa[g, :rows], b[g], sfb[g], (g, slice(0, rows)))
-            for g, rows in enumerate(ops["masked_host"]) if rows]
+    return [(a[rows], sfa[rows], b[g], sfb[g], rows) for rows, g in group_parts(ops, shape)]
 
 
 def check_cugemm8(shape: Shape, ops: dict, out, ref, cp) -> tuple[str, float]:

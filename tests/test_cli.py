@@ -169,13 +169,18 @@ def test_normal_operands_and_reference(shape):
     assert ops["b"].shape == (n, k) and ops["sfb"].shape == (-(-n // 128), -(-k // 128))
     assert not np.any((ops["a"] & 0x7F) == 0x7F) and not np.any((ops["b"] & 0x7F) == 0x7F)
     assert len(np.unique(ops["sfb"])) > 1                       # block-varied
-    ref, s = cli.reference(ops, shape, np)
-    np.testing.assert_allclose(ref, reference.ref_gemm_nt(ops["a"], ops["sfa"], ops["b"], ops["sfb"]),
-                               rtol=1e-12, atol=0)
-    assert np.all(s >= np.abs(ref) * (1 - 1e-6))
-    bound = cli.error_bound(ref, s, k, np)
-    bf = reference.round_to_bf16(ref)
-    assert np.all(np.abs(bf.astype(np.float64) - ref) <= bound)
+    want = reference.ref_gemm_nt(ops["a"], ops["sfa"], ops["b"], ops["sfb"])
+    ref, none = cli.reference(ops, shape, np)
+    assert none is None
+    np.testing.assert_allclose(ref, want, rtol=1e-12, atol=0)
+    ref, bound = cli.reference(ops, shape, np, bound=True)       # summed per 32-K step
+    np.testing.assert_allclose(ref, want, rtol=1e-9, atol=1e-12 * np.abs(want).max())
+    want_bound = reference.error_bound(ops["a"], ops["sfa"], ops["b"], ops["sfb"])
+    np.testing.assert_allclose(bound, want_bound, rtol=1e-9, atol=0)
+    # the bound admits the correctly promoted kernel model, rounded to BF16
+    model = reference.promoted_accumulation_model(ops["a"], ops["sfa"], ops["b"], ops["sfb"])
+    got = reference.round_to_bf16(model).astype(np.float64)
+    assert np.all(np.abs(got - ref) <= bound)
 
 
 def test_grouped_operands_and_references():
@@ -187,6 +192,13 @@ def test_grouped_operands_and_references():
     ref, _ = cli.reference(ops, shape, np)
     want = reference.ref_gemm_contiguous(ops["a"], ops["sfa"], ops["b"], ops["sfb"], ops["m_indices"])
     np.testing.assert_allclose(ref, want, rtol=1e-12, atol=0)
+    ref_b, bound = cli.reference(ops, shape, np, bound=True)
+    np.testing.assert_allclose(ref_b, want, rtol=1e-9, atol=1e-12 * np.abs(want).max())
+    e = 1
+    rows = slice(ops["offsets"][e], ops["offsets"][e] + ops["sizes"][e])
+    want_bound = reference.error_bound(ops["a"][rows], ops["sfa"][rows], ops["b"][e], ops["sfb"][e])
+    np.testing.assert_allclose(bound[rows], want_bound, rtol=1e-9, atol=0)
+    assert np.all(bound[~ops["valid"]] == 0)
 
     shape = cli.Shape("masked", 40, 64, 128, 3)
     ops = cli.make_operands(shape, np, seed=5, vary=True)

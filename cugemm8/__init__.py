@@ -12,5 +12,8 @@ from .gemm import m_grouped_gemm_fp8_fp8_bf16_nt_masked
 from .layout import get_col_major_tma_aligned_tensor
 from .layout import get_m_alignment_for_contiguous_layout
 from .layout import make_contiguous_layout
+from .quant import gemm_fp8
+from .quant import per_block_cast_to_fp8
+from .quant import per_token_cast_to_fp8
 
 __version__ = "0.1.0"

@@ -1,0 +1,214 @@
+"""Every rejection path of the public GEMM ops, on the CPU.
+
+CuPy arrays are built over fake (never dereferenced) device addresses, so
+the validation, which only reads shapes, strides, dtypes, devices and
+addresses, runs without a GPU.  A valid call gets past validation and stops
+at the device check (``DeviceError``), which proves it was not rejected.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+
+import cugemm8
+from cugemm8 import DeviceError
+
+BASE = 1 << 32            # fake, 2^20-aligned device addresses
+_next = [BASE]
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def fake(shape, dtype, *, strides=None, offset=0, device_id=0):
+    """A CuPy array header over fake device memory (nothing is allocated)."""
+    dtype = np.dtype(dtype)
+    shape = tuple(shape)
+    if strides is None:
+        strides, acc = [], dtype.itemsize
+        for n in reversed(shape):
+            strides.insert(0, acc)
+            acc *= max(n, 1)
+    span = sum((n - 1) * abs(s) for n, s in zip(shape, strides) if n) + dtype.itemsize + offset + 64
+    base = _next[0]
+    _next[0] += ((span >> 20) + 2) << 20
+    mem = cupy.cuda.memory.UnownedMemory(base, span, None, device_id=device_id)
+    return cupy.ndarray(shape, dtype, memptr=cupy.cuda.MemoryPointer(mem, offset), strides=tuple(strides))
+
+
+@pytest.fixture(autouse=True)
+def current_device_0(monkeypatch):
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+
+
+def normal_args(m=64, n=256, k=512):
+    kb, nb = -(-k // 128), -(-n // 128)
+    return dict(a=fake((m, k), np.uint8), sfa=fake((m, kb), np.float32),
+                b=fake((n, k), np.uint8), sfb=fake((nb, kb), np.float32), out=fake((m, n), BF16))
+
+
+def call_normal(a, sfa, b, sfb, out):
+    cugemm8.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), out)
+
+
+def expect_valid(fn, *args, **kw):
+    try:
+        fn(*args, **kw)
+    except DeviceError:
+        return            # validation passed; stopped at the device check
+    # no exception: only legal for calls that launch nothing (m == 0)
+
+
+# ---------------------------------------------------------------- normal GEMM
+
+def test_valid_normal_call_reaches_the_device_check():
+    expect_valid(call_normal, **normal_args())
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 8, 16), (133, 7168, 7232), (4096, 576, 7168), (7, 24, 1040)])
+def test_valid_awkward_shapes(m, n, k):
+    expect_valid(call_normal, **normal_args(m, n, k))
+
+
+def test_m_zero_returns_without_the_device():
+    call_normal(**normal_args(m=0))      # nothing to launch, so no DeviceError either
+
+
+def test_padded_row_strides_and_token_major_sfa_are_accepted():
+    args = normal_args(64, 256, 512)
+    args["a"] = fake((64, 512), np.uint8, strides=(512 + 16, 1))
+    args["b"] = fake((256, 512), np.uint8, strides=(512 + 32, 1))
+    args["sfa"] = fake((64, 4), np.float32, strides=(4, 4 * 64))
+    args["out"] = fake((64, 256), BF16, strides=(2 * (256 + 8), 2))
+    expect_valid(call_normal, **args)
+
+
+def test_float8_view_is_accepted():
+    args = normal_args()
+    args["a"] = args["a"].view(ml_dtypes.float8_e4m3fn)
+    expect_valid(call_normal, **args)
+
+
+BAD_NORMAL = [
+    # (description, mutation, exception, message fragment)
+    ("lhs not a pair", lambda d: d.update(lhs_override=(d["a"],)), TypeError, "pair"),
+    ("host a", lambda d: d.update(a=np.zeros((64, 512), np.uint8)), TypeError, "NumPy"),
+    ("list a", lambda d: d.update(a=[[0]]), TypeError, "cupy.ndarray"),
+    ("fp16 a", lambda d: d.update(a=fake((64, 256), np.float16)), TypeError, "uint8"),
+    ("3-D a", lambda d: d.update(a=fake((1, 64, 512), np.uint8)), ValueError, "2-D"),
+    ("column-major a", lambda d: d.update(a=fake((64, 512), np.uint8, strides=(1, 64))), ValueError, "K-major"),
+    ("row stride 8", lambda d: d.update(a=fake((64, 512), np.uint8, strides=(520, 1))), ValueError, "multiple of 16"),
+    ("misaligned a", lambda d: d.update(a=fake((64, 512), np.uint8, offset=1)), ValueError, "16-byte aligned"),
+    ("k mismatch", lambda d: d.update(b=fake((256, 384), np.uint8)), ValueError, "k differs"),
+    ("k % 16", lambda d: d.update(a=fake((64, 520), np.uint8, strides=(528, 1)),
+                                  b=fake((256, 520), np.uint8, strides=(528, 1))), ValueError, "multiple of 16"),
+    ("n % 8", lambda d: d.update(b=fake((252, 512), np.uint8)), ValueError, "multiple of 8"),
+    ("sfa f16", lambda d: d.update(sfa=fake((64, 4), np.float16)), TypeError, "float32"),
+    ("sfa shape", lambda d: d.update(sfa=fake((64, 5), np.float32)), ValueError, "sfa"),
+    ("sfa transposed shape", lambda d: d.update(sfa=fake((4, 64), np.float32)), ValueError, "sfa"),
+    ("sfb shape", lambda d: d.update(sfb=fake((4, 2), np.float32)), ValueError, "sfb"),
+    ("sfb f64", lambda d: d.update(sfb=fake((2, 4), np.float64)), TypeError, "float32"),
+    ("out f32", lambda d: d.update(out=fake((64, 256), np.float32)), TypeError, "bfloat16"),
+    ("out shape", lambda d: d.update(out=fake((64, 128), BF16)), ValueError, "out"),
+    ("out column-major", lambda d: d.update(out=fake((64, 256), BF16, strides=(2, 128))), ValueError, "contiguous last"),
+    ("out misaligned", lambda d: d.update(out=fake((64, 256), BF16, offset=2)), ValueError, "16-byte aligned"),
+    ("out row stride", lambda d: d.update(out=fake((64, 256), BF16, strides=(2 * 260, 2))), ValueError, "multiple of 16"),
+    ("wrong device", lambda d: d.update(b=fake((256, 512), np.uint8, device_id=1)), ValueError, "device"),
+]
+
+
+@pytest.mark.parametrize("desc,mutate,exc,frag", BAD_NORMAL, ids=[c[0] for c in BAD_NORMAL])
+def test_normal_rejections(desc, mutate, exc, frag):
+    d = normal_args()
+    mutate(d)
+    lhs = d.pop("lhs_override", None) or (d["a"], d["sfa"])
+    with pytest.raises(exc, match=frag):
+        cugemm8.gemm_fp8_fp8_bf16_nt(lhs, (d["b"], d["sfb"]), d["out"])
+
+
+def test_out_aliasing_an_input_is_rejected():
+    a = fake((64, 512), np.uint8)
+    # out shares a's memory
+    out = cupy.ndarray((64, 256), BF16, memptr=a.data)
+    with pytest.raises(ValueError, match="overlaps a"):
+        call_normal(a, fake((64, 4), np.float32), fake((256, 512), np.uint8), fake((2, 4), np.float32), out)
+
+
+# ---------------------------------------------------------------- grouped GEMMs
+
+def contiguous_args(m=256, g=3, n=256, k=512):
+    kb, nb = -(-k // 128), -(-n // 128)
+    return dict(a=fake((m, k), np.uint8), sfa=fake((m, kb), np.float32), b=fake((g, n, k), np.uint8),
+                sfb=fake((g, nb, kb), np.float32), out=fake((m, n), BF16), m_indices=fake((m,), np.int32))
+
+
+def call_contiguous(a, sfa, b, sfb, out, m_indices):
+    cugemm8.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sfa), (b, sfb), out, m_indices)
+
+
+def test_valid_contiguous():
+    expect_valid(call_contiguous, **contiguous_args())
+
+
+BAD_CONTIGUOUS = [
+    ("b 2-D", lambda d: d.update(b=fake((256, 512), np.uint8)), ValueError, "3-D"),
+    ("sfb 2-D", lambda d: d.update(sfb=fake((2, 4), np.float32)), ValueError, "sfb"),
+    ("m_indices int64", lambda d: d.update(m_indices=fake((256,), np.int64)), TypeError, "int32"),
+    ("m_indices short", lambda d: d.update(m_indices=fake((128,), np.int32)), ValueError, "m_indices"),
+    ("m_indices strided", lambda d: d.update(m_indices=fake((256,), np.int32, strides=(8,))), ValueError, "contiguous"),
+    ("m_indices host", lambda d: d.update(m_indices=np.zeros(256, np.int32)), TypeError, "NumPy"),
+    ("zero experts", lambda d: d.update(b=fake((0, 256, 512), np.uint8), sfb=fake((0, 2, 4), np.float32)),
+     ValueError, "at least one expert"),
+]
+
+
+@pytest.mark.parametrize("desc,mutate,exc,frag", BAD_CONTIGUOUS, ids=[c[0] for c in BAD_CONTIGUOUS])
+def test_contiguous_rejections(desc, mutate, exc, frag):
+    d = contiguous_args()
+    mutate(d)
+    with pytest.raises(exc, match=frag):
+        call_contiguous(**d)
+
+
+def masked_args(g=4, m_max=200, n=256, k=512):
+    kb, nb = -(-k // 128), -(-n // 128)
+    return dict(a=fake((g, m_max, k), np.uint8), sfa=fake((g, m_max, kb), np.float32),
+                b=fake((g, n, k), np.uint8), sfb=fake((g, nb, kb), np.float32),
+                out=fake((g, m_max, n), BF16), masked_m=fake((g,), np.int32), expected_m=64)
+
+
+def call_masked(a, sfa, b, sfb, out, masked_m, expected_m):
+    cugemm8.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a, sfa), (b, sfb), out, masked_m, expected_m)
+
+
+def test_valid_masked():
+    expect_valid(call_masked, **masked_args())
+
+
+BAD_MASKED = [
+    ("group mismatch", lambda d: d.update(b=fake((3, 256, 512), np.uint8)), ValueError, "groups"),
+    ("expected_m float", lambda d: d.update(expected_m=64.0), TypeError, "expected_m"),
+    ("expected_m zero", lambda d: d.update(expected_m=0), ValueError, "expected_m"),
+    ("expected_m device array", lambda d: d.update(expected_m=fake((1,), np.int32)), TypeError, "expected_m"),
+    ("masked_m shape", lambda d: d.update(masked_m=fake((3,), np.int32)), ValueError, "masked_m"),
+    ("masked_m uint32", lambda d: d.update(masked_m=fake((4,), np.uint32)), TypeError, "int32"),
+    ("out group stride", lambda d: d.update(out=fake((4, 200, 256), BF16, strides=(2 * 256 * 208, 512, 2))),
+     ValueError, "group stride"),
+    ("sfa 2-D", lambda d: d.update(sfa=fake((200, 4), np.float32)), ValueError, "sfa"),
+]
+
+
+@pytest.mark.parametrize("desc,mutate,exc,frag", BAD_MASKED, ids=[c[0] for c in BAD_MASKED])
+def test_masked_rejections(desc, mutate, exc, frag):
+    d = masked_args()
+    mutate(d)
+    with pytest.raises(exc, match=frag):
+        call_masked(**d)
+
+
+def test_set_num_sms_type_is_checked_before_the_device():
+    with pytest.raises(TypeError, match="num_sms"):
+        cugemm8.set_num_sms(1.5)
+    with pytest.raises(TypeError, match="num_sms"):
+        cugemm8.set_num_sms(True)

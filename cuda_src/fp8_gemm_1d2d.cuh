@@ -65,7 +65,11 @@ struct SmemLayout {
   static constexpr uint32_t kB = BLOCK_N * 128u;                            // (BLOCK_N, BLOCK_K) e4m3
   static constexpr uint32_t kSFA = align_up(BLOCK_M * 4u, 128u);            // (BLOCK_M,) f32
   static constexpr uint32_t kSFB = align_up(2u * kNumKBlocks * 4u, 16u);    // (2, num_k_blocks) f32
-  static constexpr uint32_t kOffA = kD;
+  // BLOCK_M == 64 splits K between two math warpgroups; the second hands its
+  // FP32 partial tile to the first through this buffer.
+  static constexpr uint32_t kReduce = BLOCK_M == 64 ? 64u * BLOCK_N * 4u : 0u;  // (BLOCK_N/2, 128) f32
+  static constexpr uint32_t kOffReduce = kD;
+  static constexpr uint32_t kOffA = kD + kReduce;
   static constexpr uint32_t kOffB = kOffA + kNumStages * kA;
   static constexpr uint32_t kOffSFA = kOffB + kNumStages * kB;
   static constexpr uint32_t kOffSFB = kOffSFA + kNumStages * kSFA;
@@ -79,8 +83,15 @@ template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N
           uint32_t kNumGroups>
 struct GemmTraits {
   static constexpr uint32_t BLOCK_K = 128;
-  static constexpr uint32_t kNumMathWG = BLOCK_M == 64 ? 1 : 2;
-  static constexpr uint32_t kWaves = BLOCK_M / (64 * kNumMathWG);     // 64-row sub-tiles per math warpgroup
+  // Two math warpgroups always.  BLOCK_M == 64 has one 64-row sub-tile, so
+  // the two split K instead (even / odd K blocks) and reduce at the tile's
+  // end: this halves the latency-bound WGMMA -> wait -> promote chain of
+  // narrow tiles.  Larger tiles give each warpgroup its own rows.
+  static constexpr bool kSplitK = BLOCK_M == 64;
+  static constexpr uint32_t kNumMathWG = 2;
+  static constexpr uint32_t kWaves = kSplitK ? 1 : BLOCK_M / (64 * kNumMathWG);  // 64-row sub-tiles per warpgroup
+  // Warps that consume (and release) each pipeline stage.
+  static constexpr uint32_t kConsumerWarps = kSplitK ? 4 : kNumMathWG * 4;
   static constexpr uint32_t kNumMathThreads = 128 * kNumMathWG;
   static constexpr uint32_t kNumThreads = kNumMathThreads + 128;
   static constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, BLOCK_K);
@@ -159,7 +170,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
     tma_prefetch_descriptor(&tmap_d);
     for (uint32_t s = 0; s < kNumStages; ++s) {
       mbarrier_init(full_bar + s, 1);
-      mbarrier_init(empty_bar + s, kNumMulticast * T::kNumMathThreads / 32);
+      mbarrier_init(empty_bar + s, kNumMulticast * T::kConsumerWarps);
     }
     fence_barrier_init();
   }
@@ -234,7 +245,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
     const uint32_t tid = threadIdx.x % 128;
     const uint32_t warp = tid / 32, lane = tid % 32;
     // Row (within the tile) of sub-tile `v` handled by this warpgroup.
-    auto row_off = [&](uint32_t v) { return v * 64 * kNumMathWG + warpgroup * 64; };
+    auto row_off = [&](uint32_t v) { return T::kSplitK ? 0u : v * 64 * kNumMathWG + warpgroup * 64; };
     uint32_t stage = 0, phase = 0;
     float accum[kNumAccum];
     float final_accum[kWaves][kNumAccum];
@@ -265,7 +276,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
         named_barrier_sync(1, T::kNumMathThreads);
         // 8-column chunks before the next 128-row boundary of B use the first
         // scale row; the rest (if the tile straddles) the second.
-        const uint32_t num_former = constexpr_min(BLOCK_N, 128 - n0 % 128) / 8;
+        const uint32_t num_former = 128 % BLOCK_N == 0 ? BLOCK_N / 8 : constexpr_min(BLOCK_N, 128 - n0 % 128) / 8;
 
         // Issue the four k32 WGMMAs of one stage for sub-tile v into `acc`
         // (the first clears it) and commit them as one group.
@@ -312,6 +323,10 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
         };
 
         for (uint32_t kb = 0; kb < kNumKBlocks; ++kb) {
+          if (T::kSplitK && kb % 2 != warpgroup) {   // the other warpgroup's block
+            if (++stage == kNumStages) stage = 0, phase ^= 1;
+            continue;
+          }
           const float sb0 = smem_sfb[kb], sb1 = smem_sfb[kNumKBlocks + kb];
           mbarrier_wait(full_bar + stage, phase);
           // Read this stage's A scales before the stage can be released.
@@ -334,7 +349,25 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
           }
           if (++stage == kNumStages) stage = 0, phase ^= 1;
         }
+        if constexpr (T::kSplitK) {
+          // Hand warpgroup 1's partial tile to warpgroup 0 (thread-private
+          // slots: the two hold identical fragment layouts).  The buffer is
+          // next written after the next tile's B-scale barrier, by which time
+          // warpgroup 0 has read it.
+          float* red = reinterpret_cast<float*>(smem + Smem::kOffReduce);
+          if (warpgroup == 1) {
+            #pragma unroll
+            for (uint32_t i = 0; i < kNumAccum; ++i) red[i * 128 + tid] = final_accum[0][i];
+          }
+          named_barrier_sync(1, T::kNumMathThreads);
+          if (warpgroup == 0) {
+            #pragma unroll
+            for (uint32_t i = 0; i < kNumAccum; ++i) final_accum[0][i] += red[i * 128 + tid];
+          }
+        }
       }
+      // With split K only warpgroup 0 holds the tile and stores it.
+      if (T::kSplitK && warpgroup != 0) continue;
 
       // ---------------------------------------------------------------- epilogue
       const uint32_t m0 = tile.m_block * BLOCK_M;

@@ -8,9 +8,10 @@ always give the same :class:`GemmConfig` (the result is ``lru_cache``d).
 
 Hard constraints (checked by :func:`is_legal`; the kernel static-asserts them)
 ------------------------------------------------------------------------------
-- ``block_k`` = 128; ``block_m`` in {64, 128, 256}; ``num_math_warpgroups`` =
-  1 for ``block_m`` = 64 else 2; each math warpgroup runs
-  ``waves = block_m // (64 * num_math_warpgroups)`` 64-row sub-tiles.
+- ``block_k`` = 128; ``block_m`` in {64, 128, 256}; two math warpgroups;
+  each runs ``waves = max(1, block_m // 128)`` 64-row sub-tiles, except that
+  with ``block_m`` = 64 both work on the same rows and split K (even / odd
+  blocks), reducing through shared memory at the tile's end.
 - ``block_n`` a multiple of 8 in [8, 256] (WGMMA m64nNk32) that straddles at
   most two 128-row blocks of B scales: ``block_n <= 128`` or
   ``gcd(block_n, 128) == block_n - 128`` (136, 144, 160, 192, 256 pass).
@@ -151,11 +152,13 @@ def smem_size(block_m: int, block_n: int, num_stages: int, k: int) -> int:
     the same formula::
 
         align(BM*BN*2, 1024)                        D staging (BF16)
+      + (64*BN*4 if BM == 64 else 0)                split-K reduction (FP32)
       + stages * (BM*128 + BN*128 + align(BM*4, 128))  A, B, A scales
       + align(8 * ceil(K/128), 16)                  B scales, two rows, whole K
       + 256                                         barriers and misc
     """
     return (_align(block_m * block_n * 2, 1024)
+            + (64 * block_n * 4 if block_m == 64 else 0)
             + num_stages * (block_m * BLOCK_K + block_n * BLOCK_K + _align(block_m * 4, 128))
             + _align(8 * _ceil_div(k, BLOCK_K), 16)
             + 256)
@@ -175,11 +178,12 @@ def max_stages(block_m: int, block_n: int, k: int, smem_limit: int = SMEM_LIMIT)
 
 
 def num_math_warpgroups(block_m: int) -> int:
-    return 1 if block_m == 64 else 2
+    """Always 2: with BLOCK_M = 64 the two split K (even / odd blocks)."""
+    return 2
 
 
 def _waves_per_warpgroup(block_m: int) -> int:
-    return block_m // (64 * num_math_warpgroups(block_m))
+    return max(1, block_m // (64 * num_math_warpgroups(block_m)))
 
 
 def swizzle_d_bytes(block_n: int) -> int:
@@ -228,7 +232,7 @@ class GemmConfig:
     block_n: int
     block_k: int              # always 128
     num_stages: int
-    num_math_warpgroups: int  # 1 for block_m == 64, else 2
+    num_math_warpgroups: int  # always 2 (block_m == 64: split K)
     num_multicast: int        # 1 or 2 (cluster size along x)
     multicast_on_a: bool      # with num_multicast == 2: A shared (else B)
     num_sms: int              # grid size (persistent CTAs) to launch
@@ -406,6 +410,8 @@ def _score(kind, bm, bn, stages, mc, on_a, m, n, k, groups, grid, avail_sms) -> 
     t_mma = max(bn / 2, 16 + bn / 4)                       # one m64nBNk32
     t_promo = bn / 2 * (1.0 if 128 % bn == 0 else 1.25)    # FFMAs, one sub-tile
     t_chain = sub * (4 * t_mma + t_promo) + C_KB           # one warpgroup, serial
+    if bm == 64:
+        t_chain /= 2                                       # split K: two chains in parallel
     t_tensor = bm * bn / 32                                # all MACs at 4096/cycle
     # Shared memory at 128 B/cycle: TMA writes A and B, each sub-tile's WGMMAs
     # read its 64 rows of A and all of B.

@@ -8,7 +8,7 @@ override a setting by assigning to the attribute at run time.
 | ``CUGEMM8_JIT_DEBUG`` | print each compile / cache load with its time |
 | ``CUGEMM8_PRINT_CONFIGS`` | print the kernel configuration chosen for each new shape |
 | ``CUGEMM8_DISABLE_CACHE`` | never load compiled kernels from disk (always compile) |
-| ``CUGEMM8_CACHE_DIR`` | directory of the on-disk kernel cache (default ``~/.cache/cugemm8``) |
+| ``CUPY_CACHE_DIR`` | (CuPy's) directory of the on-disk kernel cache, read when CuPy is imported |
 | ``CUGEMM8_PTXAS_VERBOSE`` | print ptxas's resource report for each compiled kernel |
 | ``CUGEMM8_DUMP_DIR`` | write the generated source, PTX and ptxas report of each compile here |
 """
@@ -25,6 +25,4 @@ JIT_DEBUG: bool = _flag("CUGEMM8_JIT_DEBUG")
 PRINT_CONFIGS: bool = _flag("CUGEMM8_PRINT_CONFIGS")
 DISABLE_CACHE: bool = _flag("CUGEMM8_DISABLE_CACHE")
 PTXAS_VERBOSE: bool = _flag("CUGEMM8_PTXAS_VERBOSE")
-CACHE_DIR: str = os.path.expanduser(
-    os.environ.get("CUGEMM8_CACHE_DIR", os.path.join("~", ".cache", "cugemm8")))
 DUMP_DIR: str | None = os.environ.get("CUGEMM8_DUMP_DIR") or None

@@ -153,6 +153,9 @@ def get_kernel(header: str, name_expr: str, *, max_dynamic_smem: int = 0):
             print(f"[cugemm8.jit] {name_expr}: built in {dt * 1e3:.1f} ms "
                   f"(regs={kern.num_regs}, local={kern.local_size_bytes} B)",
                   file=sys.stderr)
+        if _env.PTXAS_VERBOSE:
+            # A second, report-only NVRTC pass with -Xptxas=-v (same options).
+            print(compile_only(header, [name_expr]).log.replace("\0", ""), file=sys.stderr)
         _kernels[key] = kern
         return kern
 

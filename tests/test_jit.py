@@ -93,3 +93,46 @@ def test_corrupt_cache_entry_is_rebuilt(tmp_path):
         f.write_bytes(data[: len(data) // 2])          # truncate
     res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.gpu
+def test_threads_building_one_kernel_get_one_module():
+    import threading
+    from cugemm8 import _config, gemm
+    cfg = _config.make_config("normal", 128, 120, 4, 896, num_sms=132)
+    name = gemm._kernel_name(cfg, 1000, 896, 0, 1)
+    before = _jit.stats.builds
+    got, errors = [], []
+
+    def work():
+        try:
+            got.append(_jit.get_kernel("fp8_gemm_1d2d.cuh", name))
+        except Exception as exc:       # pragma: no cover - reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len({id(k) for k in got}) == 1
+    assert _jit.stats.builds == before + 1
+
+
+@pytest.mark.gpu
+def test_processes_compiling_one_kernel_at_once(tmp_path):
+    """Four processes build the same kernel into one empty cache at once: all
+    succeed and the cache ends with a loadable entry (CuPy writes atomically)."""
+    script = textwrap.dedent("""
+        from cugemm8 import _config, _jit, gemm
+        cfg = _config.make_config("normal", 64, 40, 6, 1040, num_sms=132)
+        k = _jit.get_kernel("fp8_gemm_1d2d.cuh", gemm._kernel_name(cfg, 520, 1040, 0, 1))
+        print(k.num_regs)
+        """)
+    env = dict(os.environ, CUPY_CACHE_DIR=str(tmp_path / "cache"))
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-500:] for o in outs]
+    again = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr

@@ -1,0 +1,224 @@
+"""Zero-copy exchange with other array libraries (JAX, PyTorch, ...) through DLPack.
+
+CuPy has no float8 dtype and its DLPack importer rejects the float8 type codes
+(``kDLFloat8_e4m3fn = 10``, DLPack 1.1 ``dlpack.h``), while JAX rejects a
+``uint8`` array where it expects ``float8_e4m3fn``.  The bytes are the same, so
+this module relabels the ``DLTensor.dtype`` field of the capsule in place
+before the consumer reads it: no copy, no kernel (cupy-recipes §Q5,
+"Zero-copy relabel").  BF16 crosses as is (``kDLBfloat``).
+
+Streams: the producer is asked to make the consumer's stream wait for its
+work (the DLPack ``stream=`` handshake), so nothing blocks the host.
+:func:`to_cupy` hands the producer CuPy's current stream; :func:`to_jax` lets
+JAX pass its own stream to CuPy, which records an event on CuPy's current
+stream and makes JAX wait for it (``cupy/_core/core.pyx`` ``__dlpack__``).
+Launch cugemm8 ops on CuPy's current stream (the default) and convert the
+outputs with :func:`to_jax` on that same stream.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+#: DLPack type codes (dmlc/dlpack include/dlpack/dlpack.h, v1.1).
+KDL_UINT = 1
+KDL_FLOAT8_E4M3FN = 10
+#: DLDevice.device_type of host memory (kDLCPU, kDLCUDAHost) and CUDA memory.
+_HOST_DEVICES = {1, 3}
+_CUDA_DEVICES = {2, 13}
+
+# Offsets (bytes) of DLTensor.dtype.code inside the capsule's payload:
+# unversioned DLManagedTensor starts with the DLTensor (data 8, device 8,
+# ndim 4 -> dtype at 20); DLManagedTensorVersioned puts version (8),
+# manager_ctx (8), deleter (8) and flags (8) before it (32 + 20).
+_DTYPE_OFFSET = {b"dltensor": 20, b"dltensor_versioned": 52}
+
+_capsule_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_get_pointer.restype = ctypes.c_void_p
+_capsule_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capsule_get_name = ctypes.pythonapi.PyCapsule_GetName
+_capsule_get_name.restype = ctypes.c_char_p
+_capsule_get_name.argtypes = [ctypes.py_object]
+
+
+def _relabel_capsule(capsule, code: int, bits: int, *, expect_bits: int = 8) -> None:
+    """Rewrite ``DLTensor.dtype`` (code, bits; lanes kept) of an unconsumed capsule."""
+    name = _capsule_get_name(capsule)
+    if name not in _DTYPE_OFFSET:
+        raise TypeError(f"not an unconsumed DLPack capsule (name {name!r})")
+    base = _capsule_get_pointer(capsule, name)
+    field = (ctypes.c_uint8 * 2).from_address(base + _DTYPE_OFFSET[name])
+    if field[1] != expect_bits:
+        raise TypeError(f"expected an {expect_bits}-bit element type, got {field[1]} bits (code {field[0]})")
+    field[0], field[1] = code, bits
+
+
+def _capsule_dtype(capsule) -> tuple[int, int]:
+    name = _capsule_get_name(capsule)
+    base = _capsule_get_pointer(capsule, name)
+    field = (ctypes.c_uint8 * 2).from_address(base + _DTYPE_OFFSET[name])
+    return int(field[0]), int(field[1])
+
+
+class _Relabelled:
+    """A DLPack producer that forwards to ``obj`` and relabels e4m3fn <-> uint8."""
+
+    def __init__(self, obj, src_code: int, dst_code: int):
+        self._obj, self._src, self._dst = obj, src_code, dst_code
+
+    def __dlpack_device__(self):
+        return self._obj.__dlpack_device__()
+
+    def __dlpack__(self, *, stream=None, **kwargs):
+        # Older producers (JAX 0.10) accept only `stream`; drop the rest.
+        try:
+            capsule = self._obj.__dlpack__(stream=stream, **kwargs)
+        except TypeError:
+            capsule = self._obj.__dlpack__(stream=stream)
+        code, bits = _capsule_dtype(capsule)
+        if code == self._src and bits == 8:
+            _relabel_capsule(capsule, self._dst, 8)
+        return capsule
+
+
+def _is_float8_e4m3fn(x) -> bool:
+    return getattr(getattr(x, "dtype", None), "name", "") == "float8_e4m3fn"
+
+
+def to_cupy(x):
+    """A CuPy array over the memory of any CUDA DLPack producer, without a copy.
+
+    ``float8_e4m3fn`` arrays (JAX, PyTorch, an ml_dtypes view) arrive as
+    ``uint8`` arrays of the same e4m3fn bits, which is what cugemm8's FP8
+    operands are.  Other dtypes (bf16, f32, i32, ...) keep their type.
+
+    Args:
+        x: an object with ``__dlpack__`` / ``__dlpack_device__`` whose memory
+            is on a CUDA device (a JAX array on a GPU, a CUDA torch tensor,
+            a CuPy array).
+
+    Returns:
+        ``cupy.ndarray`` sharing ``x``'s memory.  Keep ``x`` alive while it is
+        used; do not write into it if the producer treats it as immutable (JAX).
+
+    Raises:
+        TypeError: ``x`` lives in host memory (NumPy, a CPU JAX array): copy it
+            with ``cupy.asarray`` instead; or it is not a DLPack producer.
+    """
+    import cupy
+    if isinstance(x, cupy.ndarray):
+        return x
+    if isinstance(x, np.ndarray):
+        raise TypeError("x is a NumPy (host) array; cugemm8 needs device memory: "
+                        "copy it with cupy.asarray(x)")
+    if not hasattr(x, "__dlpack__") or not hasattr(x, "__dlpack_device__"):
+        raise TypeError(f"x ({type(x).__name__}) is not a DLPack producer")
+    dev_type, _ = x.__dlpack_device__()
+    if int(dev_type) in _HOST_DEVICES:
+        raise TypeError(f"x ({type(x).__name__}) lives in host memory; cugemm8 needs a CUDA array "
+                        "(move it to the GPU first, or copy it with cupy.asarray)")
+    if int(dev_type) not in _CUDA_DEVICES:
+        raise TypeError(f"x ({type(x).__name__}) is on DLPack device type {int(dev_type)}, not CUDA")
+    src = _Relabelled(x, KDL_FLOAT8_E4M3FN, KDL_UINT) if _is_float8_e4m3fn(x) else x
+    return cupy.from_dlpack(src)
+
+
+def to_jax(x, *, fp8: bool = False):
+    """A JAX array over a CuPy array's memory, without a copy.
+
+    Args:
+        x: a CuPy array.  With ``fp8=True`` it must be ``uint8`` holding
+            e4m3fn bits and arrives in JAX as ``float8_e4m3fn``.
+
+    Returns:
+        ``jax.Array`` on the same GPU.  JAX's stream waits for the work
+        already queued on CuPy's current stream (DLPack handshake).
+
+    Raises:
+        TypeError: ``x`` is not a CuPy array, or ``fp8=True`` with a dtype
+            other than uint8.
+    """
+    import cupy
+    import jax.numpy as jnp
+    if not isinstance(x, cupy.ndarray):
+        raise TypeError(f"x must be a cupy.ndarray, got {type(x).__name__}")
+    if fp8:
+        if x.dtype != np.uint8:
+            raise TypeError(f"fp8=True needs uint8 e4m3fn bits, got {x.dtype}")
+        return jnp.from_dlpack(_Relabelled(x, KDL_UINT, KDL_FLOAT8_E4M3FN))
+    return jnp.from_dlpack(x)
+
+
+# ----------------------------------------------------------------------------
+# JAX-facing ops
+# ----------------------------------------------------------------------------
+
+_pending: list = []
+
+
+def _keep_alive(*refs) -> None:
+    """Hold the CuPy views of foreign inputs until the work queued on CuPy's
+    current stream has finished, so the producer (JAX) cannot recycle their
+    memory under a running kernel.  Never blocks: finished entries are
+    dropped on later calls."""
+    import cupy
+    ev = cupy.cuda.Event(disable_timing=True)
+    ev.record()
+    _pending.append((ev, refs))
+    while _pending and _pending[0][0].done:
+        _pending.pop(0)
+
+
+def _pair(name, pair):
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+        raise TypeError(f"{name} must be a (payload, scale) pair")
+    return to_cupy(pair[0]), to_cupy(pair[1])
+
+
+def gemm_fp8_fp8_bf16_nt_jax(lhs, rhs):
+    """:func:`cugemm8.gemm_fp8_fp8_bf16_nt` on JAX arrays, returning a JAX array.
+
+    Args:
+        lhs: ``(a, sfa)``: ``a`` ``float8_e4m3fn`` (or ``uint8``) ``[m, k]``,
+            ``sfa`` float32 ``[m, ceil(k/128)]``, JAX arrays on a GPU.
+        rhs: ``(b, sfb)``: ``b`` ``[n, k]``, ``sfb`` float32
+            ``[ceil(n/128), ceil(k/128)]``.
+
+    Returns:
+        ``jax.Array`` bfloat16 ``[m, n]`` sharing memory with the CuPy output.
+
+    JAX arrays are row-major, so ``sfa`` is converted to the MN-major layout
+    (one small copy kernel; see :func:`cugemm8.get_col_major_tma_aligned_tensor`).
+    Raises what :func:`cugemm8.gemm_fp8_fp8_bf16_nt` raises, plus
+    ``TypeError`` for host arrays.
+    """
+    import cupy
+    from . import gemm
+    a, sfa = _pair("lhs", lhs)
+    b, sfb = _pair("rhs", rhs)
+    out = cupy.empty((a.shape[0], b.shape[0]), dtype=cupy.dtype("bfloat16"))
+    gemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), out)
+    _keep_alive(a, sfa, b, sfb)
+    return to_jax(out)
+
+
+def per_token_cast_to_fp8_jax(x, **kwargs):
+    """:func:`cugemm8.per_token_cast_to_fp8` on a JAX array: returns
+    ``(a float8_e4m3fn, sfa float32)`` JAX arrays (``sfa`` row-major)."""
+    import cupy
+    from . import quant
+    xc = to_cupy(x)
+    a, sfa = quant.per_token_cast_to_fp8(xc, **kwargs)
+    _keep_alive(xc)
+    return to_jax(a, fp8=True), to_jax(cupy.ascontiguousarray(sfa))
+
+
+def per_block_cast_to_fp8_jax(w, **kwargs):
+    """:func:`cugemm8.per_block_cast_to_fp8` on a JAX array: returns
+    ``(b float8_e4m3fn, sfb float32)`` JAX arrays."""
+    from . import quant
+    wc = to_cupy(w)
+    b, sfb = quant.per_block_cast_to_fp8(wc, **kwargs)
+    _keep_alive(wc)
+    return to_jax(b, fp8=True), to_jax(sfb)

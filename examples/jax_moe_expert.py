@@ -9,6 +9,11 @@ JAX and CuPy through DLPack without copies (cugemm8.interop), and the DLPack
 stream handshake orders the two libraries' GPU work without host syncs.
 
 Run on a Hopper GPU:  python examples/jax_moe_expert.py [--tokens 512]
+
+Expected accuracy: each FP8 GEMM of normal data is ~3.7 % (relative L2) off
+the unquantised product because both operands are rounded to e4m3; two in
+series give ~6 % (measured 6.3e-2 on the H200 at 128 tokens).  The script
+fails above TOLERANCE.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import jax.numpy as jnp
 from cugemm8 import interop
 
 HIDDEN, INTERMEDIATE = 7168, 2048
+TOLERANCE = 0.08        # relative L2 error vs the float32 layer (see the docstring)
 
 
 def quantize_weights(w1, w2):
@@ -74,4 +80,4 @@ if __name__ == "__main__":
     p.add_argument("--tokens", type=int, default=512)
     args = p.parse_args()
     rel = run(args.tokens)
-    raise SystemExit(0 if rel < 3e-2 else 1)
+    raise SystemExit(0 if rel < TOLERANCE else 1)

@@ -17,7 +17,11 @@ def test_readme_example_runs():
     cp, out, x, w = ns["cp"], ns["out"], ns["x"], ns["w"]
     ref = x.astype(cp.float64) @ w.astype(cp.float64).T
     got = out.astype(cp.float64)
-    rel = float(cp.linalg.norm(got - ref) / cp.linalg.norm(ref))
-    assert rel < 3e-2, rel
+    # Against the unquantised product, DeepGEMM's criterion: e4m3 rounding of
+    # both operands alone gives ~3.7 % relative L2 error on normal data,
+    # i.e. calc_diff ~ 7e-4 (measured 6.8e-4 on the H200).
+    den = float(cp.sum(got * got + ref * ref))
+    calc_diff = 1.0 - 2.0 * float(cp.sum(got * ref)) / den
+    assert calc_diff < 1e-3, calc_diff
     one_call = ns["cugemm8"].gemm_fp8(x, w)
     assert bool(cp.all(one_call.view(cp.uint16) == out.view(cp.uint16)))

@@ -83,13 +83,32 @@ def _as_fp8(name: str, x, ndim: int, cupy):
         return x          # nothing is read from an empty operand
     if x.shape[-1] > 1 and x.strides[-1] != 1:
         raise ValueError(f"{name} must be K-major (last stride 1 byte), got strides {x.strides}")
+    _check_tma_layout(name, x)
+    return x
+
+
+_TMA_MAX_STRIDE = 2 ** 40     # bytes, exclusive (cuTensorMapEncodeTiled)
+_TMA_MAX_EXTENT = 2 ** 32     # elements per dimension
+
+
+def _check_tma_layout(name: str, x) -> None:
+    """The TMA rules for an array read or written through a tensor map: base
+    16-byte aligned; every outer stride a positive multiple of 16 bytes below
+    2^40 (no broadcast / stride-0 rows, no negative strides); extents <= 2^32
+    (CUDA driver API, cuTensorMapEncodeTiled)."""
     for i, s in enumerate(x.strides[:-1]):
-        if x.shape[i] > 1 and (s % 16 or s < 0):
-            raise ValueError(f"{name} stride {s} B of dimension {i} must be a non-negative multiple "
-                             f"of 16 bytes (TMA), got strides {x.strides}")
+        if x.shape[i] <= 1:
+            continue
+        if s <= 0 or s % 16:
+            raise ValueError(f"{name} stride {s} B of dimension {i} must be a positive multiple of "
+                             f"16 bytes (TMA; broadcast or reversed views need a copy), got strides {x.strides}")
+        if s >= _TMA_MAX_STRIDE:
+            raise ValueError(f"{name} stride {s} B of dimension {i} must be below 2^40 bytes (TMA)")
+    for i, n in enumerate(x.shape):
+        if n > _TMA_MAX_EXTENT:
+            raise ValueError(f"{name} extent {n} of dimension {i} exceeds 2^32 (TMA)")
     if x.data.ptr % 16:
         raise ValueError(f"{name} base address {x.data.ptr:#x} must be 16-byte aligned (TMA)")
-    return x
 
 
 def _check_f32(name: str, x, shape: tuple, cupy):
@@ -110,12 +129,7 @@ def _check_out(name: str, x, shape: tuple, cupy):
         return
     if shape[-1] > 1 and x.strides[-1] != 2:
         raise ValueError(f"{name} must have a contiguous last dimension, got strides {x.strides}")
-    for i, s in enumerate(x.strides[:-1]):
-        if x.shape[i] > 1 and (s % 16 or s < 0):
-            raise ValueError(f"{name} stride {s} B of dimension {i} must be a non-negative multiple "
-                             f"of 16 bytes (TMA), got strides {x.strides}")
-    if x.data.ptr % 16:
-        raise ValueError(f"{name} base address {x.data.ptr:#x} must be 16-byte aligned (TMA)")
+    _check_tma_layout(name, x)
 
 
 def _check_int32(name: str, x, shape: tuple, cupy):

@@ -123,6 +123,14 @@ BAD_NORMAL = [
     ("out misaligned", lambda d: d.update(out=fake((64, 256), BF16, offset=2)), ValueError, "16-byte aligned"),
     ("out row stride", lambda d: d.update(out=fake((64, 256), BF16, strides=(2 * 260, 2))), ValueError, "multiple of 16"),
     ("wrong device", lambda d: d.update(b=fake((256, 512), np.uint8, device_id=1)), ValueError, "device"),
+    ("broadcast rows", lambda d: d.update(a=fake((64, 512), np.uint8, strides=(0, 1))), ValueError, "positive multiple"),
+    ("reversed rows", lambda d: d.update(a=fake((64, 512), np.uint8, strides=(-512, 1), offset=63 * 512)),
+     ValueError, "positive multiple"),
+    ("stride 2^40", lambda d: d.update(b=fake((2, 512), np.uint8, strides=(2 ** 40, 1)),
+                                       sfb=fake((1, 4), np.float32), out=fake((64, 2), BF16)), ValueError, "2\\^40"),
+    ("out broadcast", lambda d: d.update(out=fake((64, 256), BF16, strides=(0, 2))), ValueError, "positive multiple"),
+    ("int8 a", lambda d: d.update(a=fake((64, 512), np.int8)), TypeError, "uint8"),
+    ("float8_e5m2 a", lambda d: d.update(a=fake((64, 512), np.uint8).view(ml_dtypes.float8_e5m2)), TypeError, "e4m3fn"),
 ]
 
 

@@ -24,7 +24,8 @@ class DeviceError(RuntimeError):
     capability, or no NVRTC)."""
 
 
-def _import_cupy():
+def import_cupy():
+    """Import CuPy, or raise :class:`DeviceError` saying it is missing."""
     try:
         import cupy  # noqa: F401
     except Exception as exc:  # ImportError, or a CUDA library load failure
@@ -36,7 +37,7 @@ def _import_cupy():
 
 def nvrtc_version() -> tuple[int, int]:
     """NVRTC (major, minor) that CuPy loads.  Raises DeviceError if absent."""
-    _import_cupy()
+    import_cupy()
     try:
         from cupy_backends.cuda.libs import nvrtc
         return tuple(nvrtc.getVersion())
@@ -53,7 +54,7 @@ def check_nvrtc_matches_cupy() -> None:
     cupy-cuda12x environment makes CuPy compile with NVRTC 13, whose cubins
     need a CUDA 13 driver (see docs/design.md, "Environment hazards").
     """
-    cupy = _import_cupy()
+    cupy = import_cupy()
     major, _ = nvrtc_version()
     cupy_major = int(cupy.cuda.runtime.runtimeGetVersion()) // 1000
     if major != cupy_major:
@@ -73,7 +74,7 @@ def nvrtc_unavailable_reason() -> str | None:
 
 
 def _device_count() -> int:
-    cupy = _import_cupy()
+    cupy = import_cupy()
     try:
         return cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:
@@ -91,7 +92,7 @@ def gpu_unavailable_reason() -> str | None:
 
 @functools.lru_cache(maxsize=None)
 def _device_info(device_id: int) -> dict:
-    cupy = _import_cupy()
+    cupy = import_cupy()
     props = cupy.cuda.runtime.getDeviceProperties(device_id)
     name = props["name"]
     if isinstance(name, bytes):
@@ -109,7 +110,7 @@ _checked_devices: set[int] = set()
 
 
 def current_device_id() -> int:
-    cupy = _import_cupy()
+    cupy = import_cupy()
     return cupy.cuda.runtime.getDevice()
 
 

@@ -40,6 +40,7 @@ import sys
 import numpy as np
 
 from . import _config, _device, _env, _jit, _tma
+from ._checks import check_device_array, check_on_current_device
 from .layout import (CONTIGUOUS_M_ALIGNMENT, get_col_major_tma_aligned_tensor,
                      is_tma_aligned_mn_major)
 
@@ -53,24 +54,8 @@ _INT32_MAX = 2 ** 31 - 1
 # validation helpers
 # ----------------------------------------------------------------------------
 
-def _cupy():
-    try:
-        import cupy
-    except Exception as exc:  # pragma: no cover - exercised without CuPy
-        raise _device.DeviceError(f"CuPy is not importable ({exc})") from None
-    return cupy
-
-
-def _check_array(name: str, x, cupy):
-    if isinstance(x, np.ndarray):
-        raise TypeError(f"{name} is a NumPy (host) array; cugemm8 needs CuPy device arrays "
-                        f"(use cupy.asarray({name}))")
-    if not isinstance(x, cupy.ndarray):
-        raise TypeError(f"{name} must be a cupy.ndarray, got {type(x).__name__}")
-
-
 def _as_fp8(name: str, x, ndim: int, cupy):
-    _check_array(name, x, cupy)
+    check_device_array(name, x, cupy)
     if x.dtype != np.uint8:
         if x.dtype.itemsize == 1 and x.dtype.name == "float8_e4m3fn":
             x = x.view(np.uint8)
@@ -112,7 +97,7 @@ def _check_tma_layout(name: str, x) -> None:
 
 
 def _check_f32(name: str, x, shape: tuple, cupy):
-    _check_array(name, x, cupy)
+    check_device_array(name, x, cupy)
     if x.dtype != np.float32:
         raise TypeError(f"{name} must be float32, got {x.dtype}")
     if tuple(x.shape) != shape:
@@ -120,7 +105,7 @@ def _check_f32(name: str, x, shape: tuple, cupy):
 
 
 def _check_out(name: str, x, shape: tuple, cupy):
-    _check_array(name, x, cupy)
+    check_device_array(name, x, cupy)
     if x.dtype.name != "bfloat16":
         raise TypeError(f"{name} must be bfloat16, got {x.dtype}")
     if tuple(x.shape) != shape:
@@ -133,7 +118,7 @@ def _check_out(name: str, x, shape: tuple, cupy):
 
 
 def _check_int32(name: str, x, shape: tuple, cupy):
-    _check_array(name, x, cupy)
+    check_device_array(name, x, cupy)
     if x.dtype != np.int32:
         raise TypeError(f"{name} must be int32, got {x.dtype}")
     if tuple(x.shape) != shape:
@@ -163,14 +148,6 @@ def _check_no_alias(out, inputs: dict):
         lo, hi = _span(x)
         if lo < ohi and olo < hi:
             raise ValueError(f"out overlaps {name} in memory; the output must not alias an input")
-
-
-def _check_devices(arrays: dict, cupy):
-    dev = cupy.cuda.runtime.getDevice()
-    for name, x in arrays.items():
-        if x is not None and x.device.id != dev:
-            raise ValueError(f"{name} is on device {x.device.id} but the current device is {dev}; "
-                             f"run under `with cupy.cuda.Device({x.device.id}):`")
 
 
 def _pair(name: str, pair):
@@ -279,7 +256,7 @@ def gemm_fp8_fp8_bf16_nt(lhs, rhs, out) -> None:
         ValueError: shape, stride, alignment, device or aliasing rule broken.
         cugemm8.DeviceError: no usable Hopper GPU.
     """
-    cupy = _cupy()
+    cupy = _device.import_cupy()
     a, sfa = _pair("lhs", lhs)
     b, sfb = _pair("rhs", rhs)
     a = _as_fp8("lhs[0] (a)", a, 2, cupy)
@@ -296,7 +273,7 @@ def gemm_fp8_fp8_bf16_nt(lhs, rhs, out) -> None:
     if m > _INT32_MAX:
         raise ValueError(f"m = {m} exceeds 2^31 - 1 rows (TMA coordinates are int32)")
     arrays = {"a": a, "sfa": sfa, "b": b, "sfb": sfb}
-    _check_devices({**arrays, "out": out}, cupy)
+    check_on_current_device({**arrays, "out": out}, cupy)
     _check_no_alias(out, arrays)
     if m == 0:
         return
@@ -333,7 +310,7 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs, rhs, out, m_indices) -> None:
 
     Raises: as :func:`gemm_fp8_fp8_bf16_nt`.
     """
-    cupy = _cupy()
+    cupy = _device.import_cupy()
     a, sfa = _pair("lhs", lhs)
     b, sfb = _pair("rhs", rhs)
     a = _as_fp8("lhs[0] (a)", a, 2, cupy)
@@ -353,7 +330,7 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs, rhs, out, m_indices) -> None:
     if m > _INT32_MAX:
         raise ValueError(f"m_sum = {m} exceeds 2^31 - 1 rows (TMA coordinates are int32)")
     arrays = {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "m_indices": m_indices}
-    _check_devices({**arrays, "out": out}, cupy)
+    check_on_current_device({**arrays, "out": out}, cupy)
     _check_no_alias(out, arrays)
     if m == 0:
         return
@@ -389,7 +366,7 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs, rhs, out, masked_m, expected_m: i
 
     Raises: as :func:`gemm_fp8_fp8_bf16_nt`.
     """
-    cupy = _cupy()
+    cupy = _device.import_cupy()
     a, sfa = _pair("lhs", lhs)
     b, sfb = _pair("rhs", rhs)
     a = _as_fp8("lhs[0] (a)", a, 3, cupy)
@@ -416,7 +393,7 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs, rhs, out, masked_m, expected_m: i
     if g * m_max > _INT32_MAX:
         raise ValueError(f"g * m_max = {g * m_max} exceeds 2^31 - 1 rows")
     arrays = {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "masked_m": masked_m}
-    _check_devices({**arrays, "out": out}, cupy)
+    check_on_current_device({**arrays, "out": out}, cupy)
     _check_no_alias(out, arrays)
     if g == 0 or m_max == 0:
         return

@@ -36,6 +36,7 @@ import numbers
 import numpy as np
 
 from . import _device, _jit
+from ._checks import check_device_array, check_on_current_device
 
 _HEADER = "quant.cuh"
 _THREADS = 256                     # quant::kThreads
@@ -78,29 +79,14 @@ def all_kernel_names() -> list:
 # Validation
 # ----------------------------------------------------------------------------
 
-def _cupy():
-    try:
-        import cupy
-    except Exception as exc:  # pragma: no cover - exercised without CuPy
-        raise _device.DeviceError(f"CuPy is not importable ({exc})") from None
-    return cupy
-
-
 def _check_input(name: str, x, cupy):
-    if not isinstance(x, cupy.ndarray):
-        if isinstance(x, np.ndarray):
-            raise TypeError(f"{name} is a NumPy (host) array; cugemm8 needs a CuPy device array "
-                            f"(use cupy.asarray({name}))")
-        raise TypeError(f"{name} must be a cupy.ndarray, got {type(x).__name__}")
+    check_device_array(name, x, cupy)
     if x.dtype.name not in _IN_DTYPES:
         raise TypeError(f"{name} must be float32, float16 or bfloat16 (ml_dtypes.bfloat16), "
                         f"got dtype {x.dtype}")
     if x.ndim not in (2, 3):
         raise ValueError(f"{name} must be 2-D [rows, k] or 3-D [g, rows, k], got shape {x.shape}")
-    dev = cupy.cuda.runtime.getDevice()
-    if x.device.id != dev:
-        raise ValueError(f"{name} is on device {x.device.id} but the current device is {dev}; "
-                         f"run under `with cupy.cuda.Device({x.device.id}):`")
+    check_on_current_device({name: x}, cupy)
     k = x.shape[-1]
     if k % 16:
         raise ValueError(f"{name} has k = {k}; k must be a multiple of 16 (16-byte FP8 rows, "
@@ -268,7 +254,7 @@ def per_token_cast_to_fp8(x, *, min_amax: float = 1e-4, pow2_scale: bool = False
             the kernels' 32-bit indexing, ``min_amax`` out of range.
         cugemm8.DeviceError: no usable Hopper GPU / NVRTC.
     """
-    cupy = _cupy()
+    cupy = _device.import_cupy()
     _check_input("x", x, cupy)
     min_amax_f32 = _check_options(min_amax, pow2_scale)
     squeeze = x.ndim == 2
@@ -314,7 +300,7 @@ def per_block_cast_to_fp8(w, *, min_amax: float = 1e-4, pow2_scale: bool = False
     Raises:
         As :func:`per_token_cast_to_fp8`.
     """
-    cupy = _cupy()
+    cupy = _device.import_cupy()
     _check_input("w", w, cupy)
     min_amax_f32 = _check_options(min_amax, pow2_scale)
     squeeze = w.ndim == 2
@@ -350,7 +336,7 @@ def gemm_fp8(a, b, out=None, *, pow2_scale: bool = False):
     :func:`cugemm8.gemm.gemm_fp8_fp8_bf16_nt` (``k % 16 == 0``,
     ``n % 8 == 0``, ...) for the GEMM.
     """
-    cupy = _cupy()
+    cupy = _device.import_cupy()
     lhs = _operand("a", a, per_token_cast_to_fp8, pow2_scale, cupy)
     rhs = _operand("b", b, per_block_cast_to_fp8, pow2_scale, cupy)
     if out is None:

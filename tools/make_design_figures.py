@@ -301,7 +301,7 @@ def figure_tiles() -> None:
         ax.set_ylim(256, 0)
         ax.set_xticks([])
         ax.set_title(f"BLOCK_M = {bm}\n" + ("each WG owns 64 rows; both read every K block" if bm == 128 else
-                                         "each WG owns two 64-row sub-tiles (rows 64w\nand 64w+128): two final "
+                                         "each WG owns two 64-row sub-tiles\n(rows 64w and 64w+128): two final\n"
                                          "accumulators, one temporary"), fontsize=8.5)
     fig.suptitle("Two math warpgroups (WG0, WG1) in every tile: who computes which rows and K blocks",
                  fontsize=10)

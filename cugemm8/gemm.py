@@ -115,6 +115,16 @@ def _check_out(name: str, x, shape: tuple, cupy):
     if shape[-1] > 1 and x.strides[-1] != 2:
         raise ValueError(f"{name} must have a contiguous last dimension, got strides {x.strides}")
     _check_tma_layout(name, x)
+    if x.ndim >= 2 and x.shape[-2] > 1 and x.strides[-2] // 2 >= 2 ** 32:
+        raise ValueError(f"{name} row stride {x.strides[-2]} B must be below 2^33 B "
+                         f"(the kernel takes it as a 32-bit element count)")
+    # Distinct elements of out must not share memory (that would be a write race).
+    inner = 2 * shape[-1]
+    for i in range(x.ndim - 2, -1, -1):
+        if x.shape[i] > 1 and x.strides[i] < inner:
+            raise ValueError(f"{name} stride {x.strides[i]} B of dimension {i} makes its elements overlap "
+                             f"(needs >= {inner} B), got strides {x.strides}")
+        inner = max(inner, x.strides[i] * x.shape[i]) if x.shape[i] > 1 else inner
 
 
 def _check_int32(name: str, x, shape: tuple, cupy):
@@ -196,6 +206,16 @@ def _select(kind: str, m: int, n: int, k: int, num_groups: int):
     return cfg
 
 
+def _map_stride(x, dim: int, packed: int) -> int:
+    """Byte stride of dimension ``dim`` for a tensor map: the array's own when
+    that dimension has more than one element (validated already), else the
+    packed value (any legal stride serves an extent of 1), kept inside the
+    TMA rules (a positive multiple of 16 below 2^40)."""
+    if x is not None and x.shape[dim] > 1:
+        return x.strides[dim]
+    return max(16, min(packed, _TMA_MAX_STRIDE - 16))
+
+
 def _launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: int, rows: int,
             a, sfa, b, sfb, out, layout, groups_a: int):
     """Encode descriptors and launch.
@@ -207,24 +227,28 @@ def _launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: int, rows:
     name = _kernel_name(cfg, n, k, _GEMM_TYPE[kind], num_groups)
     kern = _jit.get_kernel(_HEADER, name, max_dynamic_smem=cfg.smem_bytes)
 
-    a_row = a.strides[-2] if a.shape[-2] > 1 else k
-    a_grp = a.strides[0] if a.ndim == 3 else a_row * rows
-    tmap_a = _tma.make_descriptor("u8", a.data.ptr, (k, rows, groups_a), (a_row, max(a_grp, 16)),
+    a_row = _map_stride(a, -2, k)
+    a_grp = _map_stride(a, 0, a_row * rows) if a.ndim == 3 else _map_stride(None, 0, a_row * rows)
+    tmap_a = _tma.make_descriptor("u8", a.data.ptr, (k, rows, groups_a), (a_row, a_grp),
                                   (128, cfg.block_m, 1), swizzle=128)
-    b_row = b.strides[-2] if b.shape[-2] > 1 else k
-    b_grp = b.strides[0] if b.ndim == 3 else b_row * n
+    b_row = _map_stride(b, -2, k)
+    b_grp = _map_stride(b, 0, b_row * n) if b.ndim == 3 else _map_stride(None, 0, b_row * n)
     tmap_b = _tma.make_descriptor("u8", b.data.ptr, (k, n, num_groups if b.ndim == 3 else 1),
-                                  (b_row, max(b_grp, 16)), (128, cfg.block_n, 1), swizzle=128)
+                                  (b_row, b_grp), (128, cfg.block_n, 1), swizzle=128)
     m_pad = sfa.strides[-1] // 4 if kb > 1 else -(-rows // 4) * 4
-    s_grp = sfa.strides[0] if sfa.ndim == 3 else m_pad * kb * 4
+    s_grp = _map_stride(sfa, 0, m_pad * kb * 4) if sfa.ndim == 3 else _map_stride(None, 0, m_pad * kb * 4)
     tmap_sfa = _tma.make_descriptor("f32", sfa.data.ptr, (rows, kb, groups_a),
-                                    (m_pad * 4, max(s_grp, 16)), (cfg.block_m, 1, 1),
+                                    (m_pad * 4, s_grp), (cfg.block_m, 1, 1),
                                     swizzle=0, l2_256=False)
-    d_row = out.strides[-2] if out.shape[-2] > 1 else n * 2
-    d_grp = out.strides[0] if out.ndim == 3 else d_row * rows
+    if out.ndim == 3 and out.shape[-2] == 1 and out.shape[0] > 1:
+        # One row per group: the kernel's row stride is the group stride.
+        d_row = out.strides[0]
+    else:
+        d_row = _map_stride(out, -2, n * 2)
+    d_grp = _map_stride(out, 0, d_row * rows) if out.ndim == 3 else _map_stride(None, 0, d_row * rows)
     d_cols = cfg.swizzle_d // 2 if cfg.swizzle_d else cfg.block_n
     tmap_d = _tma.make_descriptor("bf16", out.data.ptr, (n, rows, groups_a),
-                                  (d_row, max(d_grp, 16)), (d_cols, 64, 1),
+                                  (d_row, d_grp), (d_cols, 64, 1),
                                   swizzle=cfg.swizzle_d, l2_256=False)
     threads = 128 * (cfg.num_math_warpgroups + 1)
     args = (np.uint32(shape_m), sfb, layout if layout is not None else _NULL, out,
@@ -388,6 +412,8 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs, rhs, out, masked_m, expected_m: i
     if expected_m < 1:
         raise ValueError(f"expected_m = {expected_m} must be >= 1")
     if g > 1 and m_max > 1 and out.strides[0] != m_max * out.strides[1]:
+        # The kernel stores a group's partial last tile row by row at
+        # (group * m_max + row) * row stride.
         raise ValueError(f"out's group stride {out.strides[0]} B must equal m_max * row stride "
                          f"= {m_max * out.strides[1]} B")
     if g * m_max > _INT32_MAX:

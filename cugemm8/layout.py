@@ -4,8 +4,8 @@ The GEMM kernels read the LHS scales ``sfa`` (logical ``[m, ceil(k/128)]``, or
 ``[g, m, ceil(k/128)]``) **MN-major**: element ``(i, kb)`` at
 ``kb * m_pad + i`` floats, with ``m_pad`` a multiple of 4 so every K-block
 column starts 16-byte aligned, because one TMA box of BLOCK_M consecutive
-floats is loaded per pipeline stage (DeepGEMM issue #33; kernel-design.md
-§2.3).  Any ``sfa`` whose innermost (M) stride is one float and whose other
+floats is loaded per pipeline stage (deepseek-ai/DeepGEMM issue #33 and
+README).  Any ``sfa`` whose innermost (M) stride is one float and whose other
 strides are multiples of 16 bytes is consumed as is; other layouts are
 converted by :func:`get_col_major_tma_aligned_tensor`.
 """
@@ -44,8 +44,12 @@ def is_tma_aligned_mn_major(sfa) -> bool:
         return False
     if sfa.shape[-1] > 1 and (st[-1] % 16 or st[-1] < 4 * sfa.shape[-2]):
         return False
-    if sfa.ndim == 3 and sfa.shape[0] > 1 and st[0] % 16:
-        return False
+    if sfa.ndim == 3 and sfa.shape[0] > 1:
+        # Groups must not overlap (no broadcast over groups): each holds
+        # kb columns of at least m floats.
+        column = st[-1] if sfa.shape[-1] > 1 else 4 * sfa.shape[-2]
+        if st[0] % 16 or st[0] < column * sfa.shape[-1]:
+            return False
     return all(s >= 0 for s in st)
 
 
@@ -67,8 +71,8 @@ def get_col_major_tma_aligned_tensor(sfa):
         ValueError: ``sfa`` is not 2-D or 3-D.
     """
     import cupy
-    if not isinstance(sfa, cupy.ndarray):
-        raise TypeError(f"sfa must be a cupy.ndarray, got {type(sfa).__name__}")
+    from ._checks import check_device_array
+    check_device_array("sfa", sfa, cupy)
     if sfa.dtype != np.float32:
         raise TypeError(f"sfa must be float32, got {sfa.dtype}")
     if sfa.ndim not in (2, 3):
@@ -94,7 +98,8 @@ def make_contiguous_layout(group_sizes, alignment: int = CONTIGUOUS_M_ALIGNMENT)
 
     Args:
         group_sizes: sequence of non-negative ints, one per expert.
-        alignment: row alignment (default :func:`get_m_alignment_for_contiguous_layout`).
+        alignment: row alignment, a multiple of
+            :func:`get_m_alignment_for_contiguous_layout` (default: equal to it).
 
     Returns:
         ``(m_indices, offsets)``: ``m_indices`` a CuPy int32 array ``[m_sum]``
@@ -102,14 +107,24 @@ def make_contiguous_layout(group_sizes, alignment: int = CONTIGUOUS_M_ALIGNMENT)
         multiple of ``alignment``).
 
     Raises:
-        ValueError: a negative group size or a non-positive alignment.
+        TypeError: a group size that is not an int.
+        cugemm8.DeviceError: no usable GPU to hold ``m_indices``.
+        ValueError: a negative group size, or an alignment that is not a
+            positive multiple of 128.
     """
     import cupy
-    sizes = [int(s) for s in group_sizes]
+    import numbers
+    sizes = list(group_sizes)
+    for s in sizes:
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral):
+            raise TypeError(f"group_sizes must hold ints, got {s!r} ({type(s).__name__})")
+    sizes = [int(s) for s in sizes]
     if any(s < 0 for s in sizes):
         raise ValueError(f"group_sizes must be non-negative, got {sizes}")
-    if alignment <= 0:
-        raise ValueError(f"alignment must be positive, got {alignment}")
+    if (isinstance(alignment, bool) or not isinstance(alignment, numbers.Integral)
+            or alignment <= 0 or alignment % CONTIGUOUS_M_ALIGNMENT):
+        raise ValueError(f"alignment = {alignment!r} must be a positive multiple of "
+                         f"{CONTIGUOUS_M_ALIGNMENT} (every 128-row block must hold one expert)")
     offsets, total = [], 0
     for s in sizes:
         offsets.append(total)
@@ -117,4 +132,6 @@ def make_contiguous_layout(group_sizes, alignment: int = CONTIGUOUS_M_ALIGNMENT)
     host = np.full(total, -1, dtype=np.int32)
     for e, (off, s) in enumerate(zip(offsets, sizes)):
         host[off:off + s] = e
+    from . import _device
+    _device.current_device_id()          # DeviceError (not a CUDA error) without a GPU
     return cupy.asarray(host), offsets

@@ -122,6 +122,7 @@ BAD_NORMAL = [
     ("out column-major", lambda d: d.update(out=fake((64, 256), BF16, strides=(2, 128))), ValueError, "contiguous last"),
     ("out misaligned", lambda d: d.update(out=fake((64, 256), BF16, offset=2)), ValueError, "16-byte aligned"),
     ("out row stride", lambda d: d.update(out=fake((64, 256), BF16, strides=(2 * 260, 2))), ValueError, "multiple of 16"),
+    ("out row stride 2^33", lambda d: d.update(out=fake((64, 256), BF16, strides=(2 ** 33, 2))), ValueError, "2\\^33"),
     ("wrong device", lambda d: d.update(b=fake((256, 512), np.uint8, device_id=1)), ValueError, "device"),
     ("broadcast rows", lambda d: d.update(a=fake((64, 512), np.uint8, strides=(0, 1))), ValueError, "positive multiple"),
     ("reversed rows", lambda d: d.update(a=fake((64, 512), np.uint8, strides=(-512, 1), offset=63 * 512)),
@@ -228,3 +229,97 @@ def test_set_num_sms_type_is_checked_before_the_device():
         cugemm8.set_num_sms(1.5)
     with pytest.raises(TypeError, match="num_sms"):
         cugemm8.set_num_sms(True)
+
+
+# ---------------------------------------------------------------- launch arguments
+
+class Recorder:
+    """Stands in for the compiled kernel and the tensor-map encoder."""
+
+    def __init__(self):
+        self.maps, self.args = [], None
+
+    def make_descriptor(self, dtype, address, dims, strides, box, **kw):
+        self.maps.append((dtype, address, tuple(dims), tuple(strides), tuple(box)))
+        return np.zeros((), np.dtype((np.void, 128)))
+
+    def get_kernel(self, header, name, **kw):
+        def kernel(grid, block, args, shared_mem=0):
+            self.args = args
+        return kernel
+
+
+@pytest.fixture()
+def recorder(monkeypatch):
+    from cugemm8 import _config, _jit, _tma
+    rec = Recorder()
+    monkeypatch.setattr(_tma, "make_descriptor", rec.make_descriptor)
+    monkeypatch.setattr(_jit, "get_kernel", rec.get_kernel)
+    monkeypatch.setattr(cugemm8.gemm, "_select",
+                        lambda kind, m, n, k, g: _config.select_config(kind, m, n, k, num_groups=g, num_sms=132))
+    return rec
+
+
+def mn_major_sfa(shape):
+    """A fake SFA in the kernel's MN-major, TMA-aligned layout (no conversion)."""
+    *g, m, kb = shape
+    m_pad = -(-m // 4) * 4
+    buf = fake(tuple(g) + (kb, m_pad), np.float32)
+    view = buf[..., :m]
+    return view.transpose(0, 2, 1) if g else view.T
+
+
+def test_masked_single_row_groups_use_the_group_stride(recorder):
+    """m_max == 1 with a sliced out: the row-by-row store path must step by
+    out's real group stride (a reviewer found it stepping by one packed row)."""
+    d = masked_args(g=4, m_max=1)
+    d["sfa"] = mn_major_sfa((4, 1, 4))
+    big = fake((4, 64, 256), BF16)
+    d["out"] = big[:, :1, :]
+    call_masked(**d)
+    ld_d = int(recorder.args[4])
+    assert ld_d * 2 == d["out"].strides[0]
+    d_map = recorder.maps[-1]
+    assert d_map[0] == "bf16" and d_map[3] == (d["out"].strides[0], d["out"].strides[0])
+
+
+def test_sfa_broadcast_over_groups_is_copied_not_misread(recorder):
+    d = masked_args(g=4, m_max=200)
+    s = fake((1, 4, 200), np.float32).transpose(0, 2, 1)         # MN-major [1, 200, 4]
+    d["sfa"] = cupy.lib.stride_tricks.as_strided(s, (4, 200, 4), (0,) + s.strides[1:])
+    from cugemm8.layout import is_tma_aligned_mn_major
+    assert not is_tma_aligned_mn_major(d["sfa"])
+
+
+def test_out_overlapping_itself_is_rejected():
+    d = masked_args(g=4, m_max=200)
+    d["out"] = fake((4, 200, 256), BF16, strides=(200 * 16, 16, 2))
+    with pytest.raises(ValueError, match="overlap|group stride"):
+        call_masked(**d)
+    a = normal_args()
+    a["out"] = fake((64, 256), BF16, strides=(16, 2))
+    with pytest.raises(ValueError, match="overlap"):
+        call_normal(**a)
+
+
+def test_normal_descriptors_keep_strides_legal(recorder):
+    """A legal, huge out row stride must not produce an illegal synthetic
+    group stride for the (extent-1) group dimension."""
+    a = normal_args(512, 256, 512)
+    a["sfa"] = mn_major_sfa((512, 4))
+    a["out"] = fake((512, 256), BF16, strides=(2 ** 32, 2))     # 512 rows: 2^41 B in all
+    call_normal(**a)
+    for dtype, _, dims, strides, _ in recorder.maps:
+        assert all(0 < s < 2 ** 40 and s % 16 == 0 for s in strides), (dtype, strides)
+
+
+@pytest.mark.parametrize("bad", [[1.7], ["5"], [True, 2]])
+def test_contiguous_layout_sizes_must_be_ints(bad):
+    with pytest.raises(TypeError, match="ints"):
+        cugemm8.make_contiguous_layout(bad)
+
+
+@pytest.mark.parametrize("alignment", [64, 100, 0, -128])
+def test_contiguous_layout_alignment_rule(alignment):
+    with pytest.raises(ValueError, match="multiple of 128"):
+        cugemm8.make_contiguous_layout([3, 5], alignment=alignment)

@@ -15,5 +15,7 @@ from .layout import make_contiguous_layout
 from .quant import gemm_fp8
 from .quant import per_block_cast_to_fp8
 from .quant import per_token_cast_to_fp8
+from . import interop
+from . import reference
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -8,6 +8,7 @@ one-line reason.
 from __future__ import annotations
 
 import functools
+import numbers
 import threading
 
 #: The compute capability every cugemm8 kernel is built for (sm_90a).
@@ -73,12 +74,22 @@ def nvrtc_unavailable_reason() -> str | None:
     return None
 
 
+def _runtime_error(exc: Exception) -> DeviceError:
+    text = str(exc)
+    if "InsufficientDriver" in text:
+        return DeviceError("no usable NVIDIA driver: none is installed, or it is older than this "
+                           f"CUDA runtime needs ({text})")
+    if "NoDevice" in text:
+        return DeviceError(f"no CUDA device visible ({text})")
+    return DeviceError(f"CUDA runtime error: {text}")
+
+
 def _device_count() -> int:
     cupy = import_cupy()
     try:
         return cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:
-        raise DeviceError(f"no CUDA device: {exc}") from None
+        raise _runtime_error(exc) from None
 
 
 def gpu_unavailable_reason() -> str | None:
@@ -93,7 +104,10 @@ def gpu_unavailable_reason() -> str | None:
 @functools.lru_cache(maxsize=None)
 def _device_info(device_id: int) -> dict:
     cupy = import_cupy()
-    props = cupy.cuda.runtime.getDeviceProperties(device_id)
+    try:
+        props = cupy.cuda.runtime.getDeviceProperties(device_id)
+    except Exception as exc:
+        raise _runtime_error(exc) from None
     name = props["name"]
     if isinstance(name, bytes):
         name = name.decode(errors="replace")
@@ -110,8 +124,12 @@ _checked_devices: set[int] = set()
 
 
 def current_device_id() -> int:
+    """CuPy's current device; raises :class:`DeviceError` without a driver or device."""
     cupy = import_cupy()
-    return cupy.cuda.runtime.getDevice()
+    try:
+        return cupy.cuda.runtime.getDevice()
+    except Exception as exc:
+        raise _runtime_error(exc) from None
 
 
 def require_hopper(device_id: int | None = None) -> int:
@@ -172,11 +190,13 @@ def set_num_sms(num_sms: int, device_id: int | None = None) -> None:
 
     Applies to the current device (or ``device_id``) only, e.g. to leave SMs
     free for communication kernels running concurrently.  Raises
-    ``ValueError`` unless ``1 <= num_sms <=`` the device's SM count and
-    ``TypeError`` if it is not an int.
+    ``ValueError`` unless ``1 <= num_sms <=`` the device's SM count,
+    ``TypeError`` if it is not an integer, and :class:`DeviceError` without a
+    usable device.
     """
-    if isinstance(num_sms, bool) or not isinstance(num_sms, int):
+    if isinstance(num_sms, bool) or not isinstance(num_sms, numbers.Integral):
         raise TypeError(f"num_sms must be an int, got {type(num_sms).__name__}")
+    num_sms = int(num_sms)
     if device_id is None:
         device_id = current_device_id()
     total = _device_info(device_id)["num_sms"]

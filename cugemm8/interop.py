@@ -4,8 +4,9 @@ CuPy has no float8 dtype and its DLPack importer rejects the float8 type codes
 (``kDLFloat8_e4m3fn = 10``, DLPack 1.1 ``dlpack.h``), while JAX rejects a
 ``uint8`` array where it expects ``float8_e4m3fn``.  The bytes are the same, so
 this module relabels the ``DLTensor.dtype`` field of the capsule in place
-before the consumer reads it: no copy, no kernel (cupy-recipes §Q5,
-"Zero-copy relabel").  BF16 crosses as is (``kDLBfloat``).
+before the consumer reads it: no copy, no kernel (type codes from
+dmlc/dlpack ``include/dlpack/dlpack.h`` v1.1; CuPy v14.2.0 cupy/_core/dlpack.pyx
+rejects codes it does not know).  BF16 crosses as is (``kDLBfloat``).
 
 Streams: the producer is asked to make the consumer's stream wait for its
 work (the DLPack ``stream=`` handshake), so nothing blocks the host.
@@ -140,9 +141,9 @@ def to_jax(x, *, fp8: bool = False):
             other than uint8.
     """
     import cupy
-    import jax.numpy as jnp
     if not isinstance(x, cupy.ndarray):
         raise TypeError(f"x must be a cupy.ndarray, got {type(x).__name__}")
+    import jax.numpy as jnp
     if fp8:
         if x.dtype != np.uint8:
             raise TypeError(f"fp8=True needs uint8 e4m3fn bits, got {x.dtype}")
@@ -204,8 +205,22 @@ def gemm_fp8_fp8_bf16_nt_jax(lhs, rhs):
 
 
 def per_token_cast_to_fp8_jax(x, **kwargs):
-    """:func:`cugemm8.per_token_cast_to_fp8` on a JAX array: returns
-    ``(a float8_e4m3fn, sfa float32)`` JAX arrays (``sfa`` row-major)."""
+    """:func:`cugemm8.per_token_cast_to_fp8` on a JAX array.
+
+    Args:
+        x: JAX array on a GPU, ``[m, k]`` or ``[g, m, k]``, float32, float16
+            or bfloat16, ``k % 16 == 0``.
+        **kwargs: ``min_amax``, ``pow2_scale`` as for the CuPy quantiser.
+
+    Returns:
+        ``(a, sfa)``: ``a`` ``float8_e4m3fn`` with ``x``'s shape and ``sfa``
+        float32 ``[..., m, ceil(k/128)]``, row-major (JAX arrays carry no
+        strides; :func:`gemm_fp8_fp8_bf16_nt_jax` converts it back).
+
+    Raises:
+        TypeError: ``x`` is not a CUDA DLPack producer, or has a wrong dtype.
+        ValueError: a shape rule of the quantiser is broken.
+    """
     import cupy
     from . import quant
     xc = to_cupy(x)
@@ -215,8 +230,21 @@ def per_token_cast_to_fp8_jax(x, **kwargs):
 
 
 def per_block_cast_to_fp8_jax(w, **kwargs):
-    """:func:`cugemm8.per_block_cast_to_fp8` on a JAX array: returns
-    ``(b float8_e4m3fn, sfb float32)`` JAX arrays."""
+    """:func:`cugemm8.per_block_cast_to_fp8` on a JAX array.
+
+    Args:
+        w: JAX array on a GPU, ``[n, k]`` or ``[g, n, k]``, float32, float16
+            or bfloat16, ``k % 16 == 0``.
+        **kwargs: ``min_amax``, ``pow2_scale`` as for the CuPy quantiser.
+
+    Returns:
+        ``(b, sfb)``: ``b`` ``float8_e4m3fn`` with ``w``'s shape and ``sfb``
+        float32 ``[..., ceil(n/128), ceil(k/128)]``, row-major.
+
+    Raises:
+        TypeError: ``w`` is not a CUDA DLPack producer, or has a wrong dtype.
+        ValueError: a shape rule of the quantiser is broken.
+    """
     from . import quant
     wc = to_cupy(w)
     b, sfb = quant.per_block_cast_to_fp8(wc, **kwargs)

@@ -37,6 +37,7 @@ import numpy as np
 
 from . import _device, _jit
 from ._checks import check_device_array, check_on_current_device
+from .reference import MIN_AMAX_FLOOR, check_quant_options
 
 _HEADER = "quant.cuh"
 _THREADS = 256                     # quant::kThreads
@@ -44,9 +45,6 @@ _WARPS = _THREADS // 32
 _UNROLL = 4                        # per_token_cast_kernel's kUnroll
 _GROUP = 128
 _E4M3_MAX = 448.0
-#: Smallest accepted ``min_amax``: every scale is then a normal float32
-#: (>= 2^-126), which the kernels' exact division scheme relies on.
-MIN_AMAX_FLOOR = 448.0 * 2.0 ** -126          # = 7 * 2^-120, exact in float32
 _INT32_MAX = 2 ** 31 - 1
 _IN_DTYPES = {"float32": "kFloat32", "float16": "kFloat16", "bfloat16": "kBFloat16"}
 
@@ -93,24 +91,6 @@ def _check_input(name: str, x, cupy):
                          f"the GEMMs' TMA rule)")
     if x.shape[-2] > _INT32_MAX or k > _INT32_MAX:
         raise ValueError(f"{name} shape {x.shape}: rows and k must be below 2^31")
-
-
-def _check_options(min_amax, pow2_scale) -> np.float32:
-    if not isinstance(pow2_scale, (bool, np.bool_)):
-        raise TypeError(f"pow2_scale must be a bool, got {type(pow2_scale).__name__}")
-    if isinstance(min_amax, (bool, np.bool_)) or not isinstance(min_amax, numbers.Real):
-        raise TypeError(f"min_amax must be a real number, got {type(min_amax).__name__}")
-    value = float(min_amax)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"min_amax must be finite and > 0, got {min_amax!r}")
-    with np.errstate(over="ignore"):
-        f32 = np.float32(value)
-    if not np.isfinite(f32):
-        raise ValueError(f"min_amax = {min_amax!r} overflows float32")
-    if not f32 >= np.float32(MIN_AMAX_FLOOR):
-        raise ValueError(f"min_amax = {min_amax!r} is below {MIN_AMAX_FLOOR:.6g} (448 * 2^-126): "
-                         f"min_amax / 448 must be a normal float32 so every scale is")
-    return f32
 
 
 def _kernel_operand(x, cupy):
@@ -256,7 +236,7 @@ def per_token_cast_to_fp8(x, *, min_amax: float = 1e-4, pow2_scale: bool = False
     """
     cupy = _device.import_cupy()
     _check_input("x", x, cupy)
-    min_amax_f32 = _check_options(min_amax, pow2_scale)
+    min_amax_f32 = check_quant_options(min_amax, pow2_scale)
     squeeze = x.ndim == 2
     *lead, m, k = x.shape
     g = lead[0] if lead else 1
@@ -302,7 +282,7 @@ def per_block_cast_to_fp8(w, *, min_amax: float = 1e-4, pow2_scale: bool = False
     """
     cupy = _device.import_cupy()
     _check_input("w", w, cupy)
-    min_amax_f32 = _check_options(min_amax, pow2_scale)
+    min_amax_f32 = check_quant_options(min_amax, pow2_scale)
     squeeze = w.ndim == 2
     *lead, n, k = w.shape
     g = lead[0] if lead else 1
@@ -332,9 +312,16 @@ def gemm_fp8(a, b, out=None, *, pow2_scale: bool = False):
     Returns:
         ``out``, bfloat16 ``[m, n]``.
 
-    Requirements and errors: those of the quantisers for float inputs and of
+    Requirements: those of the quantisers for float inputs and of
     :func:`cugemm8.gemm.gemm_fp8_fp8_bf16_nt` (``k % 16 == 0``,
     ``n % 8 == 0``, ...) for the GEMM.
+
+    Raises:
+        TypeError: an operand is neither a float CuPy array nor a
+            ``(payload, scale)`` pair of CuPy arrays, or has a wrong dtype.
+        ValueError: a shape, stride or alignment rule of the quantisers or of
+            the GEMM is broken (the message names the argument).
+        cugemm8.DeviceError: no usable Hopper GPU.
     """
     cupy = _device.import_cupy()
     lhs = _operand("a", a, per_token_cast_to_fp8, pow2_scale, cupy)
@@ -353,6 +340,8 @@ def _operand(name: str, x, cast, pow2_scale, cupy):
         if len(x) != 2:
             raise TypeError(f"{name} must be a float array or a (payload, scale) pair, "
                             f"got a sequence of length {len(x)}")
+        for part, what in zip(x, ("payload", "scale")):
+            check_device_array(f"{name} {what}", part, cupy)
         return tuple(x)
     if isinstance(x, cupy.ndarray) and x.dtype.name in _IN_DTYPES:
         if x.ndim != 2:

@@ -37,6 +37,7 @@ over elements).
 from __future__ import annotations
 
 import math
+import numbers
 
 import ml_dtypes
 import numpy as np
@@ -248,7 +249,7 @@ def float_to_e4m3(x) -> np.ndarray:
 
     Plain casts differ from this: ``ml_dtypes`` turns 465 into NaN
     (jax-ml/ml_dtypes#260) and eager PyTorch turns anything >= 464 into NaN
-    (pytorch/ao#1912); see adversarial.md item 9.
+    (pytorch/ao#1912; jax-ml/ml_dtypes#260, #400).
 
     Parameters
     ----------
@@ -278,13 +279,43 @@ def float_to_e4m3(x) -> np.ndarray:
 # Quantisation
 # ---------------------------------------------------------------------------
 
+#: Smallest accepted ``min_amax``: every scale is then a normal float32
+#: (>= 2^-126), which the GPU quantisers' exact division relies on.
+MIN_AMAX_FLOOR = 448.0 * 2.0 ** -126          # = 7 * 2^-120, exact in float32
+
+
+def check_quant_options(min_amax, pow2_scale) -> np.float32:
+    """Validate the quantisers' options (shared by this reference and the GPU
+    quantisers, so both accept exactly the same values).
+
+    Returns ``float32(min_amax)``.
+
+    Raises:
+        TypeError: ``pow2_scale`` is not a bool, or ``min_amax`` is not a
+            real number (bools are rejected).
+        ValueError: ``min_amax`` is not finite and positive, overflows
+            float32, or is below ``MIN_AMAX_FLOOR`` (448 * 2^-126).
+    """
+    if not isinstance(pow2_scale, (bool, np.bool_)):
+        raise TypeError(f"pow2_scale must be a bool, got {type(pow2_scale).__name__}")
+    if isinstance(min_amax, (bool, np.bool_)) or not isinstance(min_amax, numbers.Real):
+        raise TypeError(f"min_amax must be a real number, got {type(min_amax).__name__}")
+    value = float(min_amax)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"min_amax must be finite and > 0, got {min_amax!r}")
+    with np.errstate(over="ignore"):
+        f32 = np.float32(value)
+    if not np.isfinite(f32):
+        raise ValueError(f"min_amax = {min_amax!r} overflows float32")
+    if not f32 >= np.float32(MIN_AMAX_FLOOR):
+        raise ValueError(f"min_amax = {min_amax!r} is below {MIN_AMAX_FLOOR:.6g} (448 * 2^-126): "
+                         f"min_amax / 448 must be a normal float32 so every scale is")
+    return f32
+
+
+
 def _scale_from_amax(amax: np.ndarray, min_amax: float, pow2_scale: bool) -> np.ndarray:
-    if not (isinstance(min_amax, (int, float, np.floating, np.integer))
-            and math.isfinite(float(min_amax)) and float(min_amax) > 0):
-        raise ValueError(f"min_amax must be a finite positive number, got {min_amax!r}")
-    floor = np.float32(min_amax)
-    if not floor / np.float32(E4M3_MAX) > 0:
-        raise ValueError(f"min_amax={min_amax!r} makes min_amax/448 underflow to 0 in float32")
+    floor = check_quant_options(min_amax, pow2_scale)
     # np.maximum propagates NaN, so a NaN group keeps a NaN scale.
     amax = np.maximum(amax.astype(np.float32), floor)
     scale = (amax / np.float32(E4M3_MAX)).astype(np.float32)
@@ -467,7 +498,7 @@ def dequantize_rhs(b_bits, sfb) -> np.ndarray:
 def ref_gemm_nt(a_bits, sfa, b_bits, sfb) -> np.ndarray:
     """Float64 reference ``dequantize_lhs(a) @ dequantize_rhs(b).T``.
 
-    This is the "kernel-exactness reference" of style.md point 11: it uses the
+    This is the "kernel-exactness reference": it uses the
     same FP8 bytes and scales the kernel sees.  The only error is float64
     summation (relative ~K * 2^-53 of sum |a||b|), far below any kernel error.
 
@@ -1108,7 +1139,7 @@ def block_varied_normal(rng: np.random.Generator, shape, *, block=(1, BLOCK_K),
                         spread: int = 3) -> np.ndarray:
     """Normal data with each block multiplied by ``2^u``, ``u`` uniform in [-spread, spread].
 
-    "Block-varied data" of adversarial.md: a scale mis-indexing changes the
+    "Block-varied data": a scale mis-indexing changes the
     answer by O(1) instead of hiding in noise.  Use ``block=(1, 128)`` for
     activations ``[m, k]`` and ``(128, 128)`` for weights ``[n, k]``; blocks
     tile the last two dims (partial blocks at the edges), leading dims get
@@ -1142,7 +1173,7 @@ def block_varied_normal(rng: np.random.Generator, shape, *, block=(1, BLOCK_K),
 def make_m_indices(group_sizes, alignment: int = BLOCK_K):
     """Build the contiguous grouped layout's ``m_indices``.
 
-    Alignment rule (kernel-design.md section 2.4: "the contiguous grouped
+    Alignment rule (DeepGEMM README: "the contiguous grouped
     layout needs group starts at multiples of 128"): expert ``i``'s rows start
     at ``offsets[i]``, a multiple of ``alignment``; its ``group_sizes[i]``
     token rows come first and are followed by padding rows (``m_indices =

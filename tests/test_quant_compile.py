@@ -426,14 +426,14 @@ def test_kernel_names():
 
 
 def test_option_validation():
-    assert Q._check_options(1e-4, False) == np.float32(1e-4)
-    assert Q._check_options(Q.MIN_AMAX_FLOOR, np.bool_(True)) == np.float32(Q.MIN_AMAX_FLOOR)
+    assert Q.check_quant_options(1e-4, False) == np.float32(1e-4)
+    assert Q.check_quant_options(Q.MIN_AMAX_FLOOR, np.bool_(True)) == np.float32(Q.MIN_AMAX_FLOOR)
     for bad in (0.0, -1.0, float("nan"), float("inf"), 1e-40, Q.MIN_AMAX_FLOOR * 0.99, 1e39):
         with pytest.raises(ValueError, match="min_amax"):
-            Q._check_options(bad, False)
+            Q.check_quant_options(bad, False)
     for bad in ("1e-4", None, True, 1j):
         with pytest.raises(TypeError, match="min_amax"):
-            Q._check_options(bad, False)
+            Q.check_quant_options(bad, False)
     for bad in (1, None, "yes"):
         with pytest.raises(TypeError, match="pow2_scale"):
-            Q._check_options(1e-4, bad)
+            Q.check_quant_options(1e-4, bad)

@@ -14,7 +14,8 @@ Subcommands
     Forwards to ``benches/bench_gemm.py`` (present in a source checkout).
 ``warmup --shapes FILE [--compile-only]``
     Compiles every kernel the shapes in FILE need, so later processes load
-    them from CuPy's disk cache.
+    them from CuPy's disk cache (with ``--compile-only``: NVRTC only, no GPU,
+    nothing cached; a check that they build).
 
 Importing this module is cheap: CuPy and the GEMM code are imported inside
 the functions that need them.  The data and reference helpers below
@@ -30,7 +31,7 @@ multiplied by 2^u, u uniform in {-3, ..., 3} ("block-varied": a scale read
 from the wrong block changes the result by O(1)), then quantised the
 DeepSeek-V3 way: scale = max(amax, 1e-4) / 448 per block, payload =
 round-to-nearest-even e4m3fn of value / scale.  This is the distribution
-DeepGEMM's H200 anchor numbers were measured on (shared/notes/benchmarks.md).
+DeepGEMM's H200 anchor numbers were measured on (docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ import sys
 import time
 from pathlib import Path
 
-#: DeepSeek-V3 (N, K) of the normal-GEMM table (shared/notes/benchmarks.md).
+#: DeepSeek-V3 (N, K) of the normal-GEMM table (docs/benchmarks.md).
 DEEPSEEK_NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384),
                (4096, 7168), (7168, 2048), (576, 7168))
 #: M values ``cugemm8 check`` runs for every (N, K).
@@ -739,8 +740,13 @@ def load_shapes(path: str) -> list[Shape]:
             raise ValueError(f"{path}[{i}]: missing key {exc}") from None
         if kind not in ("normal", "contiguous", "masked"):
             raise ValueError(f"{path}[{i}]: kind must be normal, contiguous or masked, got {kind!r}")
-        if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in vals):
-            raise ValueError(f"{path}[{i}]: m, n, k, num_groups must be positive integers, got {item}")
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in vals):
+            raise ValueError(f"{path}[{i}]: m, n, k, num_groups must be integers, got {item}")
+        m, n, k, g = vals
+        # The rules the ops themselves enforce (cugemm8.gemm).
+        if m < 0 or g < 1 or n <= 0 or n % 8 or k <= 0 or k % 16:
+            raise ValueError(f"{path}[{i}]: need m >= 0, num_groups >= 1, n a positive multiple of 8 "
+                             f"and k a positive multiple of 16, got {item}")
         shapes.append(Shape(kind, *vals))
     return shapes
 
@@ -751,6 +757,17 @@ class WarmupJob:
     config: str
     smem: int
     shapes: list
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def plan_warmup(shapes: list[Shape], num_sms: int) -> tuple[list[WarmupJob], list[str]]:
@@ -833,7 +850,8 @@ def cmd_warmup(args) -> int:
         rows.append((job.config, _fmt(dt, ".2f"), "ok" if err is None else f"FAILED: {err}",
                      detail, "; ".join(job.shapes)))
     mode = "compiled (no GPU)" if args.compile_only else "loaded on the GPU"
-    title = (f"cugemm8 warmup: {len(jobs)} kernels {mode} for {len(shapes)} shapes "
+    ok = sum(err is None for _, _, _, err in outcomes)
+    title = (f"cugemm8 warmup: {ok} of {len(jobs)} kernels {mode} for {len(shapes)} shapes "
              f"in {time.perf_counter() - t0:.1f} s (grid for {num_sms} SMs)")
     print_table(title, ("config", "seconds", "status", "resources", "shapes"), rows)
     for line in errors:
@@ -880,9 +898,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shapes", required=True, metavar="FILE", help="JSON list of shapes")
     p.add_argument("--compile-only", action="store_true",
                    help="compile with NVRTC without a GPU (nothing is cached; checks that the kernels build)")
-    p.add_argument("--num-sms", type=int, default=0,
+    p.add_argument("--num-sms", type=_positive_int, default=0,
                    help="SM count the configs are chosen for (default: the GPU's, or 132 with --compile-only)")
-    p.add_argument("--jobs", type=int, default=0, help="parallel compiles with --compile-only (default: CPUs)")
+    p.add_argument("--jobs", type=_positive_int, default=0, help="parallel compiles with --compile-only (default: CPUs)")
     p.set_defaults(func=cmd_warmup)
     return parser
 

@@ -100,8 +100,12 @@ def test_load_shapes_validates(tmp_path):
                                    {"m": 64, "n": 2112, "k": 7168}])
     assert cli.load_shapes(good) == [cli.Shape("masked", 256, 7168, 2048, 4),
                                      cli.Shape("normal", 64, 2112, 7168, 1)]
+    # m = 0 is a legal GEMM (nothing launches), so warmup accepts it too
+    assert cli.load_shapes(_shapes_file(tmp_path, [{"m": 0, "n": 8, "k": 16}]))[0].m == 0
     for bad in ({"kind": "dense", "m": 1, "n": 8, "k": 16}, {"m": 1, "n": 8},
-                {"m": 0, "n": 8, "k": 16}, {"m": 1, "n": 8, "k": 16, "extra": 1}, [1, 2]):
+                {"m": -1, "n": 8, "k": 16}, {"m": 1, "n": 7, "k": 16}, {"m": 1, "n": 8, "k": 100},
+                {"m": 1, "n": 8, "k": 16, "num_groups": 0},
+                {"m": 1, "n": 8, "k": 16, "extra": 1}, [1, 2]):
         with pytest.raises(ValueError):
             cli.load_shapes(_shapes_file(tmp_path, [bad]))
     with pytest.raises(ValueError):

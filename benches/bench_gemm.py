@@ -10,7 +10,7 @@ SFA + SFB over t) and its share of the device-to-device copy rate measured
 in the same run, a calc_diff check against a float64 reference, the
 cuBLASLt blockwise-FP8 baseline through PyTorch in the same run (checked
 too; 'wrong' results are excluded), DeepGEMM's H200 figure and the 1.10x
-target from shared/notes/benchmarks.md.  Geometric means close the report.
+target from docs/benchmarks.md.  Geometric means close the report.
 
 Test data: see :mod:`cugemm8.cli` (block-varied normal values quantised per
 1x128 / 128x128 block, amax / 448 scales).  Grouped shapes use exactly M rows
@@ -49,7 +49,7 @@ CONTIGUOUS = ((4, 8192, 4096, 7168), (4, 8192, 7168, 2048),
 MASKED = ((1, 1024, 4096, 7168), (1, 1024, 7168, 2048), (2, 512, 4096, 7168),
           (2, 512, 7168, 2048), (4, 256, 4096, 7168), (4, 256, 7168, 2048))
 
-#: DeepGEMM v2.6.1 on an H200, TFLOPS (shared/notes/benchmarks.md, anchor 1),
+#: DeepGEMM v2.6.1 on an H200, TFLOPS (docs/benchmarks.md, anchor 1),
 #: keyed by (kind, G, M, N, K) with M per group for grouped kinds.
 _DG_NORMAL = {64: (194, 294, 239, 373, 278, 236),
               128: (355, 566, 412, 695, 543, 411),

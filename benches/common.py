@@ -1,7 +1,7 @@
 """Timing helpers shared by the benchmarks: L2 flush, CUDA-event timing, the
 copy ceiling, and the cuBLASLt blockwise-FP8 baseline through PyTorch.
 
-Method (shared/notes/benchmarks.md "Method"): kernel time only, CUDA events
+Method (docs/benchmarks.md "Method"): kernel time only, CUDA events
 around each launch, median of many repetitions, a 256 MB write before each
 repetition so every launch starts with a cold L2, warm-up calls first (they
 include the JIT compile), inputs built once outside the timed loop.
@@ -155,7 +155,7 @@ def torch_blockwise_gemm(a, sfa, b, sfb):
     [nb, kb].  The callable returns the torch bf16 output [m_pad, n]
     (m_pad = m rounded up to 4; rows >= m are padding).
 
-    Layout (shared/notes/benchmarks.md, adversarial.md A1):
+    Layout (docs/benchmarks.md; torch 2.11 `_scaled_mm` v1 misreads an unpadded scale pitch):
     * A is shared through DLPack (copied to an m_pad-row buffer only when
       m % 4 != 0) and viewed as float8_e4m3fn;
     * ``scale_a`` [m_pad, kb] token-contiguous (strides (1, m_pad));

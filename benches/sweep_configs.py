@@ -15,7 +15,8 @@ sys.path.insert(0, "benches")
 from common import L2Flush, time_call  # noqa: E402
 from tests import gpu_helpers as H
 
-SHAPES = [(64, 2112, 7168), (128, 4096, 7168), (64, 7168, 16384), (128, 7168, 2048)]
+SMALL_SHAPES = [(64, 2112, 7168), (128, 4096, 7168), (64, 7168, 16384), (128, 7168, 2048)]
+LARGE_SHAPES = [(4096, 7168, 2048), (4096, 4096, 7168), (4096, 24576, 1536)]
 BIG = [(256, 128, 3, 2, True), (256, 128, 3, 2, False), (256, 128, 3, 1, False), (128, 128, 5, 2, True),
        (128, 128, 5, 1, False), (128, 192, 4, 2, True), (128, 192, 4, 1, False), (128, 160, 4, 2, True),
        (128, 144, 5, 2, True), (256, 112, 3, 2, True), (128, 112, 6, 2, True)]
@@ -24,8 +25,14 @@ SMALL = [(64, 16, 16, 1, False), (64, 32, 16, 1, False), (64, 64, 13, 1, False),
 
 
 def main():
+    import argparse
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", choices=("small", "large", "all"), default="all",
+                   help="M <= 128 shapes (v0.2 sweep), M = 4096 shapes (v0.1 sweep), or both")
+    which = p.parse_args().shapes
+    shapes = {"small": SMALL_SHAPES, "large": LARGE_SHAPES, "all": LARGE_SHAPES + SMALL_SHAPES}[which]
     flush = L2Flush()
-    for m, n, k in SHAPES:
+    for m, n, k in shapes:
         rng = np.random.default_rng(0)
         kb, nb = -(-k // 128), -(-n // 128)
         a, b = H.random_fp8(cp, rng, (m, k)), H.random_fp8(cp, rng, (n, k))

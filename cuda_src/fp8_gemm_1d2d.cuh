@@ -6,10 +6,11 @@
 //
 // A [M, K] and B [N, K] are e4m3 (K-major), SFA / SFB float32, D bf16.
 //
-// Structure (kernel-design.md §3; DeepSeek-V3 technical report §3.3.2):
-// * one producer warpgroup (one elected thread issues every TMA load) and one
-//   or two math warpgroups issuing WGMMA; registers moved from the producer
-//   to the math warpgroups with setmaxnreg;
+// Structure (after deepseek-ai/DeepGEMM deep_gemm/include/deep_gemm/fp8_gemm.cuh;
+// DeepSeek-V3 technical report §3.3.2):
+// * one producer warpgroup (one elected thread issues every TMA load) and two
+//   math warpgroups issuing WGMMA (with BLOCK_M = 64 they split K); registers
+//   moved from the producer to the math warpgroups with setmaxnreg;
 // * a kNumStages-deep ring of shared-memory stages guarded by full / empty
 //   mbarriers; one stage = one 128-wide K block of A, B and A's scales;
 // * "promotion": each K block's WGMMA partial sum (the tensor core keeps about
@@ -36,9 +37,9 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 }
 
 // FP32 multiply / fused multiply-add that keep subnormals.  CuPy compiles with
-// -ftz=true (appended after user options, cupy-recipes §Q1), which would flush
+// -ftz=true (appended after user options, CuPy cupy/cuda/compiler.py), which would flush
 // subnormal scales such as 1e-40 to zero; the explicit .rn forms without .ftz
-// keep the promotion exact to IEEE semantics (adversarial.md item 10).
+// keep the promotion exact to IEEE semantics (cf. flashinfer-ai/flashinfer#2595).
 __device__ __forceinline__ float mul_rn(float a, float b) {
   float r;
   asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
@@ -56,7 +57,8 @@ __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
 }
 
 // Shared-memory budget of one configuration; cugemm8/_config.py:smem_size
-// implements the same formula and the two are checked against each other.
+// must implement the same formula: the launch asks for _config's number of
+// bytes, so a drift would under-allocate (tests/test_config.py pins the formula).
 template <uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages>
 struct SmemLayout {
   static constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, 128u);

@@ -13,7 +13,7 @@
 // Cluster tiles are rasterised in bands of kBandN cluster-columns: within a
 // band the index walks N fastest, so one wave of CTAs touches a few A row-panels
 // and at most kBandN B column-panels, which stay L2-resident (the CUTLASS /
-// DeepGEMM "grouped rasterisation", kernel-design.md §3.6).
+// DeepGEMM "grouped rasterisation", deep_gemm/include/deep_gemm/scheduler.cuh).
 #pragma once
 #include "common.cuh"
 

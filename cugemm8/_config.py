@@ -42,7 +42,8 @@ Sources: DeepGEMM's generation-1 wave rule (minimise waves = ceil(tiles /
 SMs), then maximise last-wave utilisation) and its generation-3 cost model
 (L2 bytes per tile = K * (BM / cluster_n + BN / cluster_m), L1 bytes, L2
 bandwidth min(64 * SMs, 8e6 / 1300) bytes/cycle, all divided by the fraction
-of SMs busy), see shared/notes/kernel-design.md section 3.11.  We estimate,
+of SMs busy), after deepseek-ai/DeepGEMM deep_gemm/jit_kernels/gemm.py
+(get_best_configs) and csrc/jit_kernels/heuristics/sm90.hpp.  We estimate,
 in SM cycles, the critical path of the busiest CTA::
 
     score  = waves * t_tile,      waves = ceil(executed_tiles / grid)
@@ -64,9 +65,9 @@ C_TILE + BM*BN/64 is the per-tile B-scale load, syncs and D staging
   - one warpgroup's serial chain: per sub-tile 4 WGMMAs of max(BN/2,
     16 + BN/4) cycles each plus BN/2 FFMA cycles of promotion (x1.25 when the
     tile can straddle two B-scale blocks, for the per-chunk select), plus C_KB
-    cycles of barrier / scale-read / wgmma-wait latency.  With BM = 64 (one
-    math warpgroup) nothing hides it; with two, one warpgroup's promotion
-    overlaps the other's WGMMAs, hence the max.
+    cycles of barrier / scale-read / wgmma-wait latency.  One warpgroup's
+    promotion overlaps the other's WGMMAs, hence the max; with BM = 64 the two
+    warpgroups split K, so the chain cost is halved.
 - ``t_feed``: bytes each CTA pulls through L2 per tile, K * (rows_A / share_A +
   cols_B / share_B), with the real (unpadded) average rows and columns of a
   tile and share = 2 for the multicast operand (multicast halves its L2
@@ -462,7 +463,7 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit):
                 ranked.append((key, cfg))
     if not ranked:
         raise ValueError(f"no configuration fits smem_limit={smem_limit} bytes with k={k} "
-                         f"(the B scales of the whole K alone need {_align(8 * _ceil_div(k, 128), 16)})")
+                         f"(the smallest tile, 64x8 with 3 stages, needs {smem_size(64, 8, 3, k)} bytes)")
     ranked.sort(key=lambda e: e[0])
     return tuple((key[0], cfg) for key, cfg in ranked)
 
@@ -505,7 +506,7 @@ def select_config(kind: str, m: int, n: int, k: int, *, num_groups: int = 1,
 # Printing
 # ---------------------------------------------------------------------------
 
-#: The DeepSeek-V3 benchmark shapes (shared/notes/benchmarks.md):
+#: The DeepSeek-V3 benchmark shapes (docs/benchmarks.md):
 #: (kind, num_groups, m, n, k) with m = m_sum for contiguous and expected_m
 #: for masked.
 BENCHMARK_CASES = (

@@ -10,11 +10,12 @@ How kernels are built
   ``cuda_src/`` (recursively) followed by ``#include "<header>"``.  CuPy's disk
   cache hashes the source string and the options but not headers reached
   through ``-I``; putting the tree's hash into the string makes any header
-  edit a cache miss (cupy-recipes §Q1 "On-disk cache behaviour", gotcha 2).
+  edit a cache miss (CuPy v14.2.0 cupy/cuda/compiler.py, _compile_with_cache_cuda: the key covers the source string, options and CuPy's own headers).
 * ``cupy.RawModule(code=..., options=('-arch=sm_90a', ...),
   name_expressions=[...])``: CuPy appends its own ``-arch=sm_90`` after the
   user options; NVRTC keeps the ``a`` suffix once any flag carries it
-  (cupy-recipes §Q1).  ``cuda_src/common.cuh`` has an ``#error`` guard on
+  (CuPy v14.2.0 cupy/cuda/compiler.py, _compile_using_nvrtc_no_warning; checked by
+  tests/test_kernel_compile.py).  ``cuda_src/common.cuh`` has an ``#error`` guard on
   ``__CUDA_ARCH_FEAT_SM90_ALL`` so a plain sm_90 build fails loudly.
 * Disk cache: CuPy's (``CUPY_CACHE_DIR``, default ``~/.cupy/kernel_cache``).
   Entries are written atomically and carry a SHA-1 of their payload; a
@@ -261,8 +262,8 @@ def compile_only(header: str, name_exprs, *, sass: bool = False,
     NVRTC runs with the options a launch uses (plus ``-Xptxas=-v``), so the
     register / stack / spill report is the one of the real build.  With
     ``sass=True`` the PTX is also assembled by ``ptxas -arch=sm_90a`` and
-    disassembled by ``cuobjdump -sass`` (cupy-recipes item 11: cuobjdump 13
-    cannot read NVRTC 12.9 cubins, so the ptxas output is disassembled).
+    disassembled by ``cuobjdump -sass`` (cuobjdump 13 cannot read the ELF-ABI-v7 cubins NVRTC 12.9 writes,
+    so the ptxas output is disassembled).
     """
     import cupy._core.core as core
     names = list(name_exprs)

@@ -3,7 +3,8 @@
 Encoded through cuda-bindings (``cuda.bindings.driver``) and handed to the
 kernels by value, as the 128 raw bytes of the map wrapped in a ``numpy.void``
 scalar: CuPy copies exactly ``itemsize`` bytes of a NumPy scalar argument into
-the parameter buffer (cupy-recipes §Q3, "Passing 128 bytes by value").
+the parameter buffer (CuPy v14.2.0 cupy/cuda/function.pyx ``_pointer``; CuPy
+user guide, "Custom user types").
 
 Descriptors depend only on (dtype, address, extents, strides, box, swizzle),
 so they are cached; a repeated GEMM call on the same buffers encodes nothing.

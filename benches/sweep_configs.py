@@ -33,11 +33,8 @@ def main():
     shapes = {"small": SMALL_SHAPES, "large": LARGE_SHAPES, "all": LARGE_SHAPES + SMALL_SHAPES}[which]
     flush = L2Flush()
     for m, n, k in shapes:
-        rng = np.random.default_rng(0)
-        kb, nb = -(-k // 128), -(-n // 128)
-        a, b = H.random_fp8(cp, rng, (m, k)), H.random_fp8(cp, rng, (n, k))
-        sfa = cugemm8.get_col_major_tma_aligned_tensor(H.random_scales(cp, rng, (m, kb)))
-        sfb = H.random_scales(cp, rng, (nb, kb))
+        a, sfa, b, sfb = H.make_operands(cp, np.random.default_rng(0), m, n, k)
+        sfa = cugemm8.get_col_major_tma_aligned_tensor(sfa)
         out = cp.empty((m, n), cp.dtype("bfloat16"))
         pick = cugemm8.get_gemm_config("normal", m, n, k)
         rows = []

@@ -44,6 +44,16 @@ def _scales_f64(cp, s):
     return cp.asarray(cp.asnumpy(s).astype(np.float64))
 
 
+def make_operands(cp, rng, m, n, k, *, spread=3):
+    """Random FP8 operands of a normal GEMM: (a, sfa, b, sfb), sfa row-major."""
+    kb, nb = -(-k // 128), -(-n // 128)
+    a = random_fp8(cp, rng, (m, k))
+    b = random_fp8(cp, rng, (n, k))
+    sfa = random_scales(cp, rng, (m, kb), spread=spread)
+    sfb = random_scales(cp, rng, (nb, kb), spread=spread)
+    return a, sfa, b, sfb
+
+
 def dequant_lhs(cp, a, sfa):
     """float64 A * SFA broadcast over 128-wide K groups; a [..., m, k]."""
     k = a.shape[-1]

@@ -26,15 +26,6 @@ def cp():
     return cupy
 
 
-def make_operands(cp, rng, m, n, k, *, spread=3):
-    kb, nb = -(-k // 128), -(-n // 128)
-    a = H.random_fp8(cp, rng, (m, k))
-    b = H.random_fp8(cp, rng, (n, k))
-    sfa = H.random_scales(cp, rng, (m, kb), spread=spread)
-    sfb = H.random_scales(cp, rng, (nb, kb), spread=spread)
-    return a, sfa, b, sfb
-
-
 def run_checked(cp, a, sfa, b, sfb, *, what="", rerun=True, sfa_for_call=None):
     m, n = a.shape[0], b.shape[0]
     out, full = H.poisoned_out(cp, m, n)
@@ -54,7 +45,7 @@ def run_checked(cp, a, sfa, b, sfb, *, what="", rerun=True, sfa_for_call=None):
 @pytest.mark.parametrize("n,k", NK_TABLE)
 def test_deepseek_table(cp, m, n, k):
     rng = np.random.default_rng(m * 7919 + n * 31 + k)
-    a, sfa, b, sfb = make_operands(cp, rng, m, n, k)
+    a, sfa, b, sfb = H.make_operands(cp, rng, m, n, k)
     sfa_tma = cugemm8.get_col_major_tma_aligned_tensor(sfa)
     run_checked(cp, a, sfa, b, sfb, what=f"m={m} n={n} k={k}", sfa_for_call=sfa_tma)
 
@@ -86,7 +77,7 @@ def test_against_unquantised_product(cp, m, n, k):
        seed=st.integers(0, 2 ** 31))
 def test_lattice_sweep(cp, m, n, k, seed):
     rng = np.random.default_rng(seed)
-    a, sfa, b, sfb = make_operands(cp, rng, m, n, k)
+    a, sfa, b, sfb = H.make_operands(cp, rng, m, n, k)
     run_checked(cp, a, sfa, b, sfb, what=f"m={m} n={n} k={k}", rerun=False)
 
 
@@ -111,7 +102,7 @@ def test_forced_configs(cp, bm, bn, stages, mc, on_a, num_sms):
     ok, why = _config.is_legal(cfg, k=k)
     assert ok, why
     rng = np.random.default_rng(bm * bn + stages)
-    a, sfa, b, sfb = make_operands(cp, rng, m, n, k)
+    a, sfa, b, sfb = H.make_operands(cp, rng, m, n, k)
     out, full = H.poisoned_out(cp, m, n)
     _gemm._launch(cfg, "normal", n, k, 1, m, m, a, cugemm8.get_col_major_tma_aligned_tensor(sfa), b, sfb,
                   out, None, 1)
@@ -133,7 +124,7 @@ def test_m_zero_launches_nothing(cp):
 def test_odd_k_block_counts(cp, k):
     """adversarial.md item 1: odd numbers of K blocks and a half-full last block."""
     rng = np.random.default_rng(k)
-    a, sfa, b, sfb = make_operands(cp, rng, 128, 7168, k)
+    a, sfa, b, sfb = H.make_operands(cp, rng, 128, 7168, k)
     run_checked(cp, a, sfa, b, sfb, what=f"k={k}", rerun=False)
 
 
@@ -161,7 +152,7 @@ def test_zero_rows_and_zero_scales(cp):
     """adversarial.md item 8: all-zero rows/blocks with scale 0 give exact 0, never NaN."""
     rng = np.random.default_rng(8)
     m, n, k = 8, 256, 256
-    a, sfa, b, sfb = make_operands(cp, rng, m, n, k)
+    a, sfa, b, sfb = H.make_operands(cp, rng, m, n, k)
     a[3] = 0
     sfa[3] = 0
     a[5, 128:] = 0
@@ -188,7 +179,7 @@ def test_tiny_scales(cp, tiny):
     magnitude (subnormals are not flushed), never NaN, neighbours unaffected."""
     rng = np.random.default_rng(10)
     m, n, k = 128, 512, 512
-    a, sfa, b, sfb = make_operands(cp, rng, m, n, k)
+    a, sfa, b, sfb = H.make_operands(cp, rng, m, n, k)
     sfa[:] = 1.0
     sfb[1, :] = tiny          # one tiny 128-row block among normal ones
     out, ref = run_checked(cp, a, sfa, b, sfb)
@@ -217,7 +208,7 @@ def test_padded_strides_same_bits(cp):
     """adversarial.md item 15: a padded row stride gives the same bits as a copy."""
     rng = np.random.default_rng(15)
     m, n, k = 96, 512, 7168
-    a, sfa, b, sfb = make_operands(cp, rng, m, n, k)
+    a, sfa, b, sfb = H.make_operands(cp, rng, m, n, k)
     a_pad = cp.zeros((m, k + 16), cp.uint8)[:, :k]
     a_pad[...] = a
     b_pad = cp.zeros((n, k + 16), cp.uint8)[:, :k]
@@ -247,7 +238,7 @@ def test_misaligned_and_column_major_rejected(cp):
 def test_nan_rows_stay_in_their_row(cp):
     rng = np.random.default_rng(5)
     m, n, k = 200, 512, 1024
-    a, sfa, b, sfb = make_operands(cp, rng, m, n, k)
+    a, sfa, b, sfb = H.make_operands(cp, rng, m, n, k)
     a[17, 300] = 0x7F          # NaN payload
     sfa[150, 2] = float("inf")
     out = cp.empty((m, n), cp.dtype("bfloat16"))
@@ -262,7 +253,7 @@ def test_nan_rows_stay_in_their_row(cp):
 
 def test_two_streams_concurrently(cp):
     rng = np.random.default_rng(2)
-    ops = [make_operands(cp, rng, 512, 2112, 7168) for _ in range(2)]
+    ops = [H.make_operands(cp, rng, 512, 2112, 7168) for _ in range(2)]
     outs = [cp.empty((512, 2112), cp.dtype("bfloat16")) for _ in range(2)]
     streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
     for _ in range(5):
@@ -279,7 +270,7 @@ def test_two_streams_concurrently(cp):
 def test_cuda_graph_replay_with_new_contents(cp):
     rng = np.random.default_rng(3)
     m, n, k = 256, 4096, 7168
-    a, sfa, b, sfb = make_operands(cp, rng, m, n, k)
+    a, sfa, b, sfb = H.make_operands(cp, rng, m, n, k)
     sfa = cugemm8.get_col_major_tma_aligned_tensor(sfa)
     out = cp.empty((m, n), cp.dtype("bfloat16"))
     cugemm8.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), out)   # compile outside capture
@@ -288,7 +279,7 @@ def test_cuda_graph_replay_with_new_contents(cp):
         stream.begin_capture()
         cugemm8.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), out)
         graph = stream.end_capture()
-    a2, sfa2, b2, sfb2 = make_operands(cp, rng, m, n, k)
+    a2, sfa2, b2, sfb2 = H.make_operands(cp, rng, m, n, k)
     a[...] = a2
     sfa[...] = sfa2
     cp.cuda.Device().synchronize()      # the updates ran on the legacy stream
@@ -300,7 +291,7 @@ def test_cuda_graph_replay_with_new_contents(cp):
 
 def test_set_num_sms(cp):
     rng = np.random.default_rng(4)
-    a, sfa, b, sfb = make_operands(cp, rng, 1024, 2112, 2048)
+    a, sfa, b, sfb = H.make_operands(cp, rng, 1024, 2112, 2048)
     total = cugemm8.get_num_sms()
     try:
         for sms in (1, 33, 66):

@@ -9,11 +9,8 @@ import cugemm8
 from tests import gpu_helpers as H
 
 m, n, k = (int(x) for x in sys.argv[1:4])
-rng = np.random.default_rng(0)
-kb, nb = -(-k // 128), -(-n // 128)
-a, b = H.random_fp8(cp, rng, (m, k)), H.random_fp8(cp, rng, (n, k))
-sfa = cugemm8.get_col_major_tma_aligned_tensor(H.random_scales(cp, rng, (m, kb)))
-sfb = H.random_scales(cp, rng, (nb, kb))
+a, sfa, b, sfb = H.make_operands(cp, np.random.default_rng(0), m, n, k)
+sfa = cugemm8.get_col_major_tma_aligned_tensor(sfa)
 out = cp.empty((m, n), cp.dtype("bfloat16"))
 for _ in range(3):
     cugemm8.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), out)

@@ -19,3 +19,11 @@ from . import interop
 from . import reference
 
 __version__ = "0.2.0"
+
+__all__ = [
+    "DeviceError", "gemm_fp8", "gemm_fp8_fp8_bf16_nt", "get_col_major_tma_aligned_tensor",
+    "get_gemm_config", "get_m_alignment_for_contiguous_layout", "get_num_sms", "interop",
+    "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous", "m_grouped_gemm_fp8_fp8_bf16_nt_masked",
+    "make_contiguous_layout", "per_block_cast_to_fp8", "per_token_cast_to_fp8", "reference",
+    "set_num_sms",
+]

@@ -41,8 +41,7 @@ import numpy as np
 
 from . import _config, _device, _env, _jit, _tma
 from ._checks import check_device_array, check_on_current_device
-from .layout import (CONTIGUOUS_M_ALIGNMENT, get_col_major_tma_aligned_tensor,
-                     is_tma_aligned_mn_major)
+from .layout import get_col_major_tma_aligned_tensor, is_tma_aligned_mn_major
 
 _HEADER = "fp8_gemm_1d2d.cuh"
 _GEMM_TYPE = {"normal": 0, "contiguous": 1, "masked": 2}

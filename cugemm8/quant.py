@@ -30,9 +30,6 @@ synchronisation.
 """
 from __future__ import annotations
 
-import math
-import numbers
-
 import numpy as np
 
 from . import _device, _jit

@@ -15,8 +15,9 @@ Common operand rules (all ops)
 ------------------------------
 * FP8 payloads ``a``/``b`` are CuPy ``uint8`` arrays of e4m3fn bit patterns
   (an ``ml_dtypes.float8_e4m3fn`` view is accepted too), **K-major**: the last
-  stride is 1 byte, every other stride a multiple of 16 bytes, the base
-  address 16-byte aligned (TMA rules, CUDA driver ``cuTensorMapEncodeTiled``).
+  stride is 1 byte, every other stride a positive multiple of 16 bytes below
+  2^40 (no broadcast or reversed views), the base address 16-byte aligned
+  (TMA rules, CUDA driver ``cuTensorMapEncodeTiled``).
 * ``k`` is a positive multiple of 16; a K tail that is not a multiple of 128
   is zero-filled by TMA inside the last K block.  ``n`` is a positive multiple
   of 8.  ``m`` may be anything ``>= 0`` (``m == 0`` launches nothing).
@@ -28,9 +29,9 @@ Common operand rules (all ops)
 * ``sfb`` is float32 ``[..., ceil(n/128), ceil(k/128)]``; a non-contiguous
   ``sfb`` is copied to a contiguous one (values by logical index, never
   reinterpreted).
-* ``out`` is a CuPy bfloat16 array with a contiguous last dimension, 16-byte
-  aligned rows; it must not overlap any input.  Only ``out``'s valid region is
-  written.
+* ``out`` is a CuPy bfloat16 array with a contiguous last dimension and
+  16-byte aligned rows (row stride below 2^33 bytes); its elements must not
+  overlap each other or any input.  Only ``out``'s valid region is written.
 * All arrays live on the current CuPy device.
 """
 from __future__ import annotations

@@ -166,6 +166,19 @@ def _pair(name: str, pair):
     return pair
 
 
+def _unpack(lhs, rhs, a_ndim: int, b_ndim: int, cupy):
+    """``(a, sfa, b, sfb)`` from the two operand pairs, payloads checked."""
+    a, sfa = _pair("lhs", lhs)
+    b, sfb = _pair("rhs", rhs)
+    return (_as_fp8("lhs[0] (a)", a, a_ndim, cupy), sfa, _as_fp8("rhs[0] (b)", b, b_ndim, cupy), sfb)
+
+
+def _check_placement(out, inputs: dict, cupy) -> None:
+    """All arrays on the current device; ``out`` overlapping none of the inputs."""
+    check_on_current_device({**inputs, "out": out}, cupy)
+    _check_no_alias(out, inputs)
+
+
 def _check_nk(n: int, k: int):
     if k <= 0 or k % 16:
         raise ValueError(f"k = {k} must be a positive multiple of 16 (16-byte FP8 rows for TMA)")
@@ -281,10 +294,7 @@ def gemm_fp8_fp8_bf16_nt(lhs, rhs, out) -> None:
         cugemm8.DeviceError: no usable Hopper GPU.
     """
     cupy = _device.import_cupy()
-    a, sfa = _pair("lhs", lhs)
-    b, sfb = _pair("rhs", rhs)
-    a = _as_fp8("lhs[0] (a)", a, 2, cupy)
-    b = _as_fp8("rhs[0] (b)", b, 2, cupy)
+    a, sfa, b, sfb = _unpack(lhs, rhs, 2, 2, cupy)
     m, k = a.shape
     n, kb_ = b.shape
     if kb_ != k:
@@ -296,9 +306,7 @@ def gemm_fp8_fp8_bf16_nt(lhs, rhs, out) -> None:
     _check_out("out", out, (m, n), cupy)
     if m > _INT32_MAX:
         raise ValueError(f"m = {m} exceeds 2^31 - 1 rows (TMA coordinates are int32)")
-    arrays = {"a": a, "sfa": sfa, "b": b, "sfb": sfb}
-    check_on_current_device({**arrays, "out": out}, cupy)
-    _check_no_alias(out, arrays)
+    _check_placement(out, {"a": a, "sfa": sfa, "b": b, "sfb": sfb}, cupy)
     if m == 0:
         return
     cfg = _select("normal", m, n, k, 1)
@@ -335,10 +343,7 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs, rhs, out, m_indices) -> None:
     Raises: as :func:`gemm_fp8_fp8_bf16_nt`.
     """
     cupy = _device.import_cupy()
-    a, sfa = _pair("lhs", lhs)
-    b, sfb = _pair("rhs", rhs)
-    a = _as_fp8("lhs[0] (a)", a, 2, cupy)
-    b = _as_fp8("rhs[0] (b)", b, 3, cupy)
+    a, sfa, b, sfb = _unpack(lhs, rhs, 2, 3, cupy)
     m, k = a.shape
     g, n, kb_ = b.shape
     if kb_ != k:
@@ -353,9 +358,7 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs, rhs, out, m_indices) -> None:
     _check_int32("m_indices", m_indices, (m,), cupy)
     if m > _INT32_MAX:
         raise ValueError(f"m_sum = {m} exceeds 2^31 - 1 rows (TMA coordinates are int32)")
-    arrays = {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "m_indices": m_indices}
-    check_on_current_device({**arrays, "out": out}, cupy)
-    _check_no_alias(out, arrays)
+    _check_placement(out, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "m_indices": m_indices}, cupy)
     if m == 0:
         return
     cfg = _select("contiguous", m, n, k, g)
@@ -391,10 +394,7 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs, rhs, out, masked_m, expected_m: i
     Raises: as :func:`gemm_fp8_fp8_bf16_nt`.
     """
     cupy = _device.import_cupy()
-    a, sfa = _pair("lhs", lhs)
-    b, sfb = _pair("rhs", rhs)
-    a = _as_fp8("lhs[0] (a)", a, 3, cupy)
-    b = _as_fp8("rhs[0] (b)", b, 3, cupy)
+    a, sfa, b, sfb = _unpack(lhs, rhs, 3, 3, cupy)
     g, m_max, k = a.shape
     gb, n, kb_ = b.shape
     if gb != g:
@@ -418,9 +418,7 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs, rhs, out, masked_m, expected_m: i
                          f"= {m_max * out.strides[1]} B")
     if g * m_max > _INT32_MAX:
         raise ValueError(f"g * m_max = {g * m_max} exceeds 2^31 - 1 rows")
-    arrays = {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "masked_m": masked_m}
-    check_on_current_device({**arrays, "out": out}, cupy)
-    _check_no_alias(out, arrays)
+    _check_placement(out, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "masked_m": masked_m}, cupy)
     if g == 0 or m_max == 0:
         return
     cfg = _select("masked", min(int(expected_m), m_max), n, k, g)

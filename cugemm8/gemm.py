@@ -96,20 +96,21 @@ def _check_tma_layout(name: str, x) -> None:
         raise ValueError(f"{name} base address {x.data.ptr:#x} must be 16-byte aligned (TMA)")
 
 
-def _check_f32(name: str, x, shape: tuple, cupy):
+def _check_typed(name: str, x, dtype_name: str, shape: tuple, cupy) -> None:
+    """``x`` is a CuPy array of dtype ``dtype_name`` and exactly ``shape``."""
     check_device_array(name, x, cupy)
-    if x.dtype != np.float32:
-        raise TypeError(f"{name} must be float32, got {x.dtype}")
+    if x.dtype.name != dtype_name:
+        raise TypeError(f"{name} must be {dtype_name}, got {x.dtype}")
     if tuple(x.shape) != shape:
         raise ValueError(f"{name} must have shape {list(shape)}, got {list(x.shape)}")
+
+
+def _check_f32(name: str, x, shape: tuple, cupy):
+    _check_typed(name, x, "float32", shape, cupy)
 
 
 def _check_out(name: str, x, shape: tuple, cupy):
-    check_device_array(name, x, cupy)
-    if x.dtype.name != "bfloat16":
-        raise TypeError(f"{name} must be bfloat16, got {x.dtype}")
-    if tuple(x.shape) != shape:
-        raise ValueError(f"{name} must have shape {list(shape)}, got {list(x.shape)}")
+    _check_typed(name, x, "bfloat16", shape, cupy)
     if x.size == 0:
         return
     if shape[-1] > 1 and x.strides[-1] != 2:
@@ -128,11 +129,7 @@ def _check_out(name: str, x, shape: tuple, cupy):
 
 
 def _check_int32(name: str, x, shape: tuple, cupy):
-    check_device_array(name, x, cupy)
-    if x.dtype != np.int32:
-        raise TypeError(f"{name} must be int32, got {x.dtype}")
-    if tuple(x.shape) != shape:
-        raise ValueError(f"{name} must have shape {list(shape)}, got {list(x.shape)}")
+    _check_typed(name, x, "int32", shape, cupy)
     if x.size and not x.flags.c_contiguous:
         raise ValueError(f"{name} must be contiguous, got strides {x.strides}")
 

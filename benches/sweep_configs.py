@@ -1,61 +1,206 @@
-"""Time forced kernel configurations on a few shapes (one H200 call), to test
-the heuristic's picks against alternatives.  Each line: shape, config, µs,
-TFLOPS; the best per shape is marked.  ``python benches/sweep_configs.py``."""
+"""Time forced kernel configurations against the heuristic's pick (one H200 call).
+
+    python benches/sweep_configs.py [--kinds normal,contiguous,masked] [--ms 64,128,4096]
+                                    [--top 6] [--reps 10] [--json OUT]
+
+For every benchmark shape (``bench_gemm.py``'s table) the candidates are the
+cost model's ``--top`` ranked configs with multicast allowed, the
+no-multicast twin of each, DeepGEMM's own config from docs/benchmarks.md
+(anchor 1) where it is legal here, and the heuristic's pick.  All kernels are
+compiled first, in parallel threads; each config's output is checked against
+the float64 reference (calc_diff < 1e-3) before it is timed (CUDA events,
+median of ``--reps``, 256 MB L2 flush before each).  The JSON holds every
+(config, µs) so the cost model in ``cugemm8/_config.py`` can be fitted to it.
+This script reports; it never asserts.
+"""
 from __future__ import annotations
 
+import argparse
+import json
+import re
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-import numpy as np
-import cupy as cp
+_HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(_HERE))
+sys.path.insert(1, str(_HERE.parent))
 
-sys.path.insert(0, ".")
-import cugemm8
-from cugemm8 import _config, gemm as G
-sys.path.insert(0, "benches")
-from common import L2Flush, time_call  # noqa: E402
-from tests import gpu_helpers as H
+import bench_gemm  # noqa: E402
+from cugemm8.cli import (Shape, bf16_to_f64, calc_diff, gemm_call, make_operands,  # noqa: E402
+                         poisoned_out, print_table, reference)
 
-SMALL_SHAPES = [(64, 2112, 7168), (128, 4096, 7168), (64, 7168, 16384), (128, 7168, 2048)]
-LARGE_SHAPES = [(4096, 7168, 2048), (4096, 4096, 7168), (4096, 24576, 1536)]
-BIG = [(256, 128, 3, 2, True), (256, 128, 3, 2, False), (256, 128, 3, 1, False), (128, 128, 5, 2, True),
-       (128, 128, 5, 1, False), (128, 192, 4, 2, True), (128, 192, 4, 1, False), (128, 160, 4, 2, True),
-       (128, 144, 5, 2, True), (256, 112, 3, 2, True), (128, 112, 6, 2, True)]
-SMALL = [(64, 16, 16, 1, False), (64, 32, 16, 1, False), (64, 64, 13, 1, False), (64, 128, 8, 1, False),
-         (128, 32, 12, 1, False), (128, 64, 9, 1, False), (64, 24, 16, 1, False), (64, 48, 14, 1, False)]
+# DeepGEMM's configs on the H200 (docs/benchmarks.md, anchor 1): "c2" multicasts
+# A across a 2-CTA cluster, "c2B" multicasts B.
+_DG_NORMAL_CFG = {
+    64: ("64x16 s16", "64x96 s10 c2", "64x128 s8 c2", "64x64 s13", "64x32 s16", "64x64 s13"),
+    128: ("64x32 s16", "128x192 s4", "128x128 s5 c2B", "64x112 s9", "64x64 s13", "64x112 s9"),
+    4096: ("128x192 s4 c2", "256x128 s3 c2B", "256x128 s3 c2B", "256x128 s3 c2B", "256x128 s3 c2B",
+           "256x128 s3 c2B"),
+}
+_DG_GROUPED_CFG = {"contiguous": "128x192 s4 c2"}
 
 
-def main():
-    import argparse
+def anchor_config(shape: Shape):
+    from cugemm8.cli import DEEPSEEK_NK
+    if shape.kind == "normal" and shape.m in _DG_NORMAL_CFG and (shape.n, shape.k) in DEEPSEEK_NK[:6]:
+        return _DG_NORMAL_CFG[shape.m][DEEPSEEK_NK.index((shape.n, shape.k))]
+    return _DG_GROUPED_CFG.get(shape.kind)
+
+
+def parse_config(text: str, shape: Shape, num_sms: int):
+    """A GemmConfig from 'BMxBN sS [c2|c2B]' with the largest legal grid, or None."""
+    from cugemm8 import _config
+    mt = re.fullmatch(r"(\d+)x(\d+) s(\d+)(?: (c2B?))?", text)
+    bm, bn, stages = (int(mt.group(i)) for i in (1, 2, 3))
+    mc = 2 if mt.group(4) else 1
+    on_a = mt.group(4) == "c2"
+    stages = min(stages, _config.max_stages(bm, bn, shape.k) or stages)
+    m = shape.m * shape.num_groups if shape.kind == "contiguous" else shape.m
+    try:
+        _, executed, _ = _config.tile_counts(
+            _config.make_config(shape.kind, bm, bn, stages, shape.k, num_multicast=mc,
+                                multicast_on_a=on_a, num_sms=2), m, shape.n, shape.num_groups)
+    except Exception:
+        return None
+    grid = min(num_sms - num_sms % mc, executed)
+    cfg = _config.make_config(shape.kind, bm, bn, stages, shape.k, num_multicast=mc,
+                              multicast_on_a=on_a, num_sms=max(grid, mc))
+    ok, _ = _config.is_legal(cfg, k=shape.k, available_sms=num_sms)
+    return cfg if ok else None
+
+
+def candidates(shape: Shape, top: int, num_sms: int) -> list:
+    from cugemm8 import _config
+    m = shape.m * shape.num_groups if shape.kind == "contiguous" else shape.m
+    saved = _config.MULTICAST_ENABLED
+    _config.MULTICAST_ENABLED = True
+    try:
+        ranked = [cfg for _, cfg in _config.ranked_configs(shape.kind, m, shape.n, shape.k,
+                                                           num_groups=shape.num_groups,
+                                                           num_sms=num_sms)]
+    finally:
+        _config.MULTICAST_ENABLED = saved
+    picked = ranked[:top]
+    # The best multicast and the best non-multicast configs, whatever their rank.
+    picked += [next((c for c in ranked if c.num_multicast == mc), None) for mc in (1, 2)]
+    for c in list(picked):
+        if c is not None and c.num_multicast == 2:
+            picked.append(parse_config(f"{c.block_m}x{c.block_n} s{c.num_stages}", shape, num_sms))
+    # A multicast twin of the best non-multicast tiles, even where the model
+    # rules multicast out (small M: halving A's L2 traffic is the question).
+    for c in [c for c in ranked if c.num_multicast == 1][:3]:
+        picked.append(parse_config(f"{c.block_m}x{c.block_n} s{c.num_stages} c2", shape, num_sms))
+    anchor = anchor_config(shape)
+    if anchor:
+        picked.append(parse_config(anchor, shape, num_sms))
+    picked.append(_config.select_config(shape.kind, m, shape.n, shape.k,
+                                        num_groups=shape.num_groups, num_sms=num_sms))
+    out, seen = [], set()
+    for c in picked:
+        if c is not None and str(c) not in seen:
+            seen.add(str(c))
+            out.append(c)
+    return out
+
+
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", choices=("small", "large", "all"), default="all",
-                   help="M <= 128 shapes (v0.2 sweep), M = 4096 shapes (v0.1 sweep), or both")
-    which = p.parse_args().shapes
-    shapes = {"small": SMALL_SHAPES, "large": LARGE_SHAPES, "all": LARGE_SHAPES + SMALL_SHAPES}[which]
-    flush = L2Flush()
-    for m, n, k in shapes:
-        a, sfa, b, sfb = H.make_operands(cp, np.random.default_rng(0), m, n, k)
-        sfa = cugemm8.get_col_major_tma_aligned_tensor(sfa)
-        out = cp.empty((m, n), cp.dtype("bfloat16"))
-        pick = cugemm8.get_gemm_config("normal", m, n, k)
+    p.add_argument("--kinds", default="normal,contiguous,masked")
+    p.add_argument("--ms", default="64,128,4096", help="normal-GEMM M values")
+    p.add_argument("--top", type=int, default=6)
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+
+    import cupy as cp
+    import common
+    import cugemm8
+    from cugemm8 import _jit, gemm as G
+
+    num_sms = cugemm8.get_num_sms()
+    ms = tuple(int(x) for x in args.ms.split(","))
+    shapes = [s for s in bench_gemm.bench_shapes(args.kinds.split(","), False, False)
+              if s.kind != "normal" or s.m in ms]
+    plan = [(s, candidates(s, args.top, num_sms)) for s in shapes]
+
+    names = {}
+    for s, cfgs in plan:
+        for c in cfgs:
+            names[G._kernel_name(c, s.n, s.k, G._GEMM_TYPE[s.kind], s.num_groups)] = c.smem_bytes
+    t0 = time.perf_counter()
+    device_id = cp.cuda.Device().id
+
+    def build(item):
+        name, smem = item
+        with cp.cuda.Device(device_id):
+            try:
+                _jit.get_kernel(G._HEADER, name, max_dynamic_smem=smem)
+                return None
+            except Exception as exc:
+                return f"{name}: {type(exc).__name__}: {exc}"[:300]
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        errors = [e for e in pool.map(build, names.items()) if e]
+    print(f"compiled {len(names)} kernels in {time.perf_counter() - t0:.1f} s "
+          f"({len(errors)} failed)", flush=True)
+    for e in errors:
+        print("  compile error:", e)
+
+    flush = common.L2Flush()
+    results, table = [], []
+    original_select = G._select
+    for s, cfgs in plan:
+        ops = make_operands(s, cp, seed=0, vary=False)
+        ref, _ = reference(ops, s, cp)
+        valid = ops["valid"]
+        pick = str(original_select(s.kind, s.m * s.num_groups if s.kind == "contiguous" else s.m,
+                                   s.n, s.k, s.num_groups))
         rows = []
-        for bm, bn, st, mc, on_a in (BIG if m >= 1024 else SMALL):
-            st = min(st, _config.max_stages(bm, bn, k)) or st
-            for sms in (132,):
-                cfg = _config.make_config("normal", bm, bn, st, k, num_multicast=mc, multicast_on_a=on_a,
-                                          num_sms=sms)
-                ok, why = _config.is_legal(cfg, k=k)
-                if not ok:
+        for c in cfgs:
+            G._select = lambda *a, c=c: c
+            label = str(c)
+            try:
+                out = poisoned_out(s, ops, cp)
+                run = gemm_call(s, ops, out)
+                run()
+                diff = calc_diff(bf16_to_f64(out, cp)[valid], ref[valid], cp)
+                if not diff < 1e-3:
+                    rows.append({"config": label, "us": None, "status": f"WRONG {diff:.2e}"})
                     continue
-                fn = lambda cfg=cfg: G._launch(cfg, "normal", n, k, 1, m, m, a, sfa, b, sfb, out, None, 1)
-                t = time_call(fn, reps=20, warmup=2, flush=flush).median
-                rows.append((t, str(cfg)))
-        t_pick = time_call(lambda: cugemm8.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), out), reps=20, warmup=2,
-                           flush=flush).median
-        best = min(rows)
-        for t, c in sorted(rows):
-            print(f"{m}x{n}x{k}  {c:24s} {t:8.1f} us {2*m*n*k/t/1e6:7.0f} TF{'  <- best' if (t, c) == best else ''}")
-        print(f"{m}x{n}x{k}  heuristic {str(pick):24s} {t_pick:8.1f} us {2*m*n*k/t_pick/1e6:7.0f} TF\n", flush=True)
+                t = common.time_call(run, reps=args.reps, warmup=1, flush=flush).median
+                rows.append({"config": label, "us": t, "status": "ok"})
+            except Exception as exc:
+                rows.append({"config": label, "us": None,
+                             "status": f"error {type(exc).__name__}: {exc}"[:200]})
+            finally:
+                G._select = original_select
+        del ref
+        common.release_memory()
+        flops = 2 * s.m * s.num_groups * s.n * s.k
+        timed = [r for r in rows if r["us"] is not None]
+        best = min(timed, key=lambda r: r["us"]) if timed else None
+        heur = next((r for r in rows if r["config"] == pick), None)
+        anchor = anchor_config(s)
+        for r in sorted(rows, key=lambda r: (r["us"] is None, r["us"] or 0)):
+            tf = f"{flops / r['us'] / 1e6:7.0f} TF" if r["us"] else ""
+            mark = ("  <- best" if r is best else "") + ("  (heuristic)" if r is heur else "")
+            print(f"{s.kind:10s} {s.label():18s} {r['config']:24s} "
+                  f"{(r['us'] or float('nan')):9.1f} us {tf} {r['status'] if r['status'] != 'ok' else ''}{mark}")
+        print(flush=True)
+        results.append({"kind": s.kind, "label": s.label(), "m": s.m, "n": s.n, "k": s.k,
+                        "g": s.num_groups, "heuristic": pick, "anchor": anchor, "rows": rows})
+        if best:
+            h_us = heur["us"] if heur and heur["us"] else None
+            table.append((s.kind, s.label(), pick, f"{h_us:.1f}" if h_us else "-", best["config"],
+                          f"{best['us']:.1f}", f"{h_us / best['us']:.2f}" if h_us else "-",
+                          f"{flops / best['us'] / 1e6:.0f}"))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"num_sms": num_sms, "shapes": results}, indent=1))
+    print_table("Forced-config sweep: heuristic pick vs best measured",
+                ("kind", "shape", "heuristic", "µs", "best", "µs", "heur/best", "best TF"), table)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

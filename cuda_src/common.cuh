@@ -29,6 +29,12 @@ __host__ __device__ constexpr uint32_t constexpr_gcd(uint32_t a, uint32_t b) {
 
 __host__ __device__ constexpr uint32_t constexpr_min(uint32_t a, uint32_t b) { return a < b ? a : b; }
 
+// A compile-time unsigned constant carried by value (a tag for generic lambdas).
+template <uint32_t V>
+struct UConst {
+  static constexpr uint32_t value = V;
+};
+
 // The driver's CUtensorMap is 128 opaque bytes, 64-byte aligned (cuda.h).  We
 // never include <cuda.h> under NVRTC (it needs libc headers), so the kernels
 // take this layout-compatible struct by value as a __grid_constant__ param.

@@ -56,6 +56,44 @@ __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
 }
 
+// Tiles whose BLOCK_N does not divide 128 straddle a 128-row boundary of the B
+// scales at a column that depends on the tile: the first `num_former` 8-column
+// chunks use one scale row, the rest the next.  A runtime boundary costs a
+// compare and two selects per chunk in every promotion, so when the boundary
+// takes at most kMaxFormerVariants values (128 / gcd(BLOCK_N, 128) of them:
+// BLOCK_N = 112, 144, 160, 192, ...), the K loop is instantiated once per
+// value and each tile runs its copy (DeepGEMM's sm90 1D2D kernel specialises
+// the same way).  Measured on the H200: 128x192 tiles 12-14 % faster
+// (benches/RESULTS.md, v0.3).
+constexpr uint32_t kRuntimeFormer = 0xffffffffu;
+constexpr uint32_t kMaxFormerVariants = 8;
+
+template <uint32_t BLOCK_N>
+__host__ __device__ constexpr uint32_t num_former_variants() {
+  return 128u % BLOCK_N == 0 ? 1u : 128u / constexpr_gcd(BLOCK_N, 128u);
+}
+
+// Calls f(UConst<num_former>) for the tile starting at column n0, or
+// f(UConst<kRuntimeFormer>) when there are too many variants.
+template <uint32_t BLOCK_N, uint32_t V = 0, typename F>
+__device__ __forceinline__ void dispatch_num_former(uint32_t n0, F&& f) {
+  constexpr uint32_t kVariants = num_former_variants<BLOCK_N>();
+  if constexpr (128u % BLOCK_N == 0) {
+    f(UConst<BLOCK_N / 8>{});
+  } else if constexpr (kVariants > kMaxFormerVariants) {
+    f(UConst<kRuntimeFormer>{});
+  } else {
+    constexpr uint32_t kGap = constexpr_gcd(BLOCK_N, 128u);
+    constexpr uint32_t kFormer = constexpr_min(BLOCK_N, 128u - V * kGap) / 8;
+    // n0 % 128 is a multiple of kGap below 128: the last variant needs no test.
+    if (V + 1 == kVariants || n0 % 128u == V * kGap) {
+      f(UConst<kFormer>{});
+    } else if constexpr (V + 1 < kVariants) {
+      dispatch_num_former<BLOCK_N, V + 1>(n0, f);
+    }
+  }
+}
+
 // Shared-memory budget of one configuration; cugemm8/_config.py:smem_size
 // must implement the same formula: the launch asks for _config's number of
 // bytes, so a drift would under-allocate (tests/test_config.py pins the formula).
@@ -278,7 +316,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
         named_barrier_sync(1, T::kNumMathThreads);
         // 8-column chunks before the next 128-row boundary of B use the first
         // scale row; the rest (if the tile straddles) the second.
-        const uint32_t num_former = 128 % BLOCK_N == 0 ? BLOCK_N / 8 : constexpr_min(BLOCK_N, 128 - n0 % 128) / 8;
+        const uint32_t num_former_rt = 128 % BLOCK_N == 0 ? BLOCK_N / 8 : constexpr_min(BLOCK_N, 128 - n0 % 128) / 8;
 
         // Issue the four k32 WGMMAs of one stage for sub-tile v into `acc`
         // (the first clears it) and commit them as one group.
@@ -310,7 +348,8 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
           }
         };
         // Promotion: final += (SFA[row] * SFB[n-block]) * partial, in FP32.
-        auto promote = [&](const float* acc, float* fin, float sa0, float sa1, float sb0, float sb1) {
+        auto promote = [&](const float* acc, float* fin, float sa0, float sa1, float sb0, float sb1,
+                           uint32_t num_former) {
           const float s00 = mul_rn(sa0, sb0), s01 = mul_rn(sa0, sb1);
           const float s10 = mul_rn(sa1, sb0), s11 = mul_rn(sa1, sb1);
           #pragma unroll
@@ -324,33 +363,39 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
           }
         };
 
-        for (uint32_t kb = 0; kb < kNumKBlocks; ++kb) {
-          if (T::kSplitK && kb % 2 != warpgroup) {   // the other warpgroup's block
+        // The K loop, with the B-scale boundary a compile-time constant where possible.
+        auto k_loop = [&](auto former_tag) {
+          constexpr uint32_t kFormer = decltype(former_tag)::value;
+          const uint32_t num_former = kFormer == kRuntimeFormer ? num_former_rt : kFormer;
+          for (uint32_t kb = 0; kb < kNumKBlocks; ++kb) {
+            if (T::kSplitK && kb % 2 != warpgroup) {   // the other warpgroup's block
+              if (++stage == kNumStages) stage = 0, phase ^= 1;
+              continue;
+            }
+            const float sb0 = smem_sfb[kb], sb1 = smem_sfb[kNumKBlocks + kb];
+            mbarrier_wait(full_bar + stage, phase);
+            // Read this stage's A scales before the stage can be released.
+            float sa[kWaves][2];
+            #pragma unroll
+            for (uint32_t v = 0; v < kWaves; ++v) {
+              const uint32_t r = row_off(v) + warp * 16 + lane / 4;
+              sa[v][0] = smem_sfa(stage)[r];
+              sa[v][1] = smem_sfa(stage)[r + 8];
+            }
+            #pragma unroll
+            for (uint32_t v = 0; v < kWaves; ++v) {
+              issue_mma(accum, stage, v);
+              wgmma_wait_group<0>();
+              fence_acc(accum);
+              // Release after the last sub-tile's WGMMA, so the next TMA load
+              // overlaps the promotion.
+              if (v == kWaves - 1) release(stage);
+              promote(accum, final_accum[v], sa[v][0], sa[v][1], sb0, sb1, num_former);
+            }
             if (++stage == kNumStages) stage = 0, phase ^= 1;
-            continue;
           }
-          const float sb0 = smem_sfb[kb], sb1 = smem_sfb[kNumKBlocks + kb];
-          mbarrier_wait(full_bar + stage, phase);
-          // Read this stage's A scales before the stage can be released.
-          float sa[kWaves][2];
-          #pragma unroll
-          for (uint32_t v = 0; v < kWaves; ++v) {
-            const uint32_t r = row_off(v) + warp * 16 + lane / 4;
-            sa[v][0] = smem_sfa(stage)[r];
-            sa[v][1] = smem_sfa(stage)[r + 8];
-          }
-          #pragma unroll
-          for (uint32_t v = 0; v < kWaves; ++v) {
-            issue_mma(accum, stage, v);
-            wgmma_wait_group<0>();
-            fence_acc(accum);
-            // Release after the last sub-tile's WGMMA, so the next TMA load
-            // overlaps the promotion.
-            if (v == kWaves - 1) release(stage);
-            promote(accum, final_accum[v], sa[v][0], sa[v][1], sb0, sb1);
-          }
-          if (++stage == kNumStages) stage = 0, phase ^= 1;
-        }
+        };
+        dispatch_num_former<BLOCK_N>(n0, k_loop);
         if constexpr (T::kSplitK) {
           // Hand warpgroup 1's partial tile to warpgroup 0 (thread-private
           // slots: the two hold identical fragment layouts).  The buffer is

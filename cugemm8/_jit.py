@@ -103,7 +103,29 @@ class JitStats:
 
 stats = JitStats()
 _kernels: dict[tuple, object] = {}
-_build_lock = threading.Lock()
+# One lock per kernel, so different kernels compile concurrently (NVRTC
+# releases the GIL: ``cugemm8 warmup`` builds in threads) while two threads
+# asking for the same kernel build it once.
+_key_locks: dict[tuple, threading.Lock] = {}
+_locks_guard = threading.Lock()
+# CUGEMM8_DISABLE_CACHE flips a process-wide environment variable around the
+# build, so those builds stay serial.
+_env_lock = threading.Lock()
+
+
+def _lock_for(key: tuple) -> threading.Lock:
+    with _locks_guard:
+        lock = _key_locks.get(key)
+        if lock is None:
+            lock = _key_locks[key] = threading.Lock()
+        return lock
+
+
+def _build(cupy, src: str, opts, name_expr: str):
+    mod = cupy.RawModule(code=src, options=opts, name_expressions=[name_expr])
+    kern = mod.get_function(name_expr)
+    kern.attributes  # force compile/load now, inside the timed region
+    return kern
 
 
 def get_kernel(header: str, name_expr: str, *, max_dynamic_smem: int = 0):
@@ -122,7 +144,7 @@ def get_kernel(header: str, name_expr: str, *, max_dynamic_smem: int = 0):
     if kern is not None:
         stats.hits += 1
         return kern
-    with _build_lock:
+    with _lock_for(key):
         kern = _kernels.get(key)
         if kern is not None:
             return kern
@@ -132,24 +154,25 @@ def get_kernel(header: str, name_expr: str, *, max_dynamic_smem: int = 0):
         opts = compile_options()
         if _env.DUMP_DIR:
             _dump(header, name_expr, src, opts)
-        saved = os.environ.get("CUPY_CACHE_IN_MEMORY")
         if _env.DISABLE_CACHE:
-            os.environ["CUPY_CACHE_IN_MEMORY"] = "1"
-        try:
-            mod = cupy.RawModule(code=src, options=opts, name_expressions=[name_expr])
-            kern = mod.get_function(name_expr)
-            kern.attributes  # force compile/load now, inside the timed region
-        finally:
-            if _env.DISABLE_CACHE:
-                if saved is None:
-                    os.environ.pop("CUPY_CACHE_IN_MEMORY", None)
-                else:
-                    os.environ["CUPY_CACHE_IN_MEMORY"] = saved
+            with _env_lock:
+                saved = os.environ.get("CUPY_CACHE_IN_MEMORY")
+                os.environ["CUPY_CACHE_IN_MEMORY"] = "1"
+                try:
+                    kern = _build(cupy, src, opts, name_expr)
+                finally:
+                    if saved is None:
+                        os.environ.pop("CUPY_CACHE_IN_MEMORY", None)
+                    else:
+                        os.environ["CUPY_CACHE_IN_MEMORY"] = saved
+        else:
+            kern = _build(cupy, src, opts, name_expr)
         if max_dynamic_smem:
             kern.max_dynamic_shared_size_bytes = max_dynamic_smem
         dt = time.perf_counter() - t0
-        stats.builds += 1
-        stats.seconds += dt
+        with _locks_guard:
+            stats.builds += 1
+            stats.seconds += dt
         if _env.JIT_DEBUG:
             print(f"[cugemm8.jit] {name_expr}: built in {dt * 1e3:.1f} ms "
                   f"(regs={kern.num_regs}, local={kern.local_size_bytes} B)",

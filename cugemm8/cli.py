@@ -798,10 +798,12 @@ def _compile_only(job: WarmupJob) -> tuple[float, str]:
     return dt, detail
 
 
-def _load_on_gpu(job: WarmupJob) -> tuple[float, str]:
+def _load_on_gpu(job: WarmupJob, device_id: int = 0) -> tuple[float, str]:
+    import cupy
     from . import _jit, gemm
     t0 = time.perf_counter()
-    kern = _jit.get_kernel(gemm._HEADER, job.name, max_dynamic_smem=job.smem)
+    with cupy.cuda.Device(device_id):   # worker threads start on device 0
+        kern = _jit.get_kernel(gemm._HEADER, job.name, max_dynamic_smem=job.smem)
     dt = time.perf_counter() - t0
     return dt, f"{kern.num_regs} regs, {kern.local_size_bytes} B local"
 
@@ -825,9 +827,11 @@ def cmd_warmup(args) -> int:
             print(f"cugemm8 warmup: no usable Hopper GPU: {reason} "
                   "(use --compile-only to compile without one)", file=sys.stderr)
             return 2
+        import cupy
         from . import _device
         num_sms = args.num_sms or _device.get_num_sms()
-        worker = _load_on_gpu
+        device_id = cupy.cuda.Device().id
+        worker = lambda job: _load_on_gpu(job, device_id)   # noqa: E731
     jobs, errors = plan_warmup(shapes, num_sms)
     rows, failed = [], len(errors)
     t0 = time.perf_counter()
@@ -839,8 +843,9 @@ def cmd_warmup(args) -> int:
         except Exception as exc:
             return job, float("nan"), "", _one_line(f"{type(exc).__name__}: {exc}")[:300]
 
-    if args.compile_only and len(jobs) > 1:
-        from concurrent.futures import ThreadPoolExecutor   # NVRTC releases the GIL
+    if len(jobs) > 1:
+        # NVRTC releases the GIL and _jit locks per kernel: builds run in parallel.
+        from concurrent.futures import ThreadPoolExecutor
         with ThreadPoolExecutor(max_workers=args.jobs or min(len(jobs), os.cpu_count() or 1)) as pool:
             outcomes = list(pool.map(run, jobs))
     else:

@@ -30,12 +30,19 @@ __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
 }
 
 // Arrive on the barrier at the same shared-memory offset in CTA `cta_rank` of
-// this cluster (mapa translates the address into the cluster window).
+// this cluster (mapa translates the address into the cluster window).  The
+// arrival keeps the default .release.cta semantics: a consumer only signals
+// that its WGMMAs (complete after wgmma.wait_group) stopped reading the stage,
+// which needs no ordering of its own memory operations at cluster scope.
+// ".release.cluster" compiles to MEMBAR.ALL.GPU before every arrival (seen in
+// the SASS), a full GPU-scope fence per warp per K block, which cost the 2-CTA
+// multicast kernels 25-50 % (benches/RESULTS.md v0.1).  CUTLASS's
+// ClusterBarrier::arrive(cta_id) uses the same default-scope form.
 __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t cta_rank) {
   asm volatile(
       "{\n.reg .b32 remote;\n"
       "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}"
       ::"r"(smem_addr(bar)), "r"(cta_rank) : "memory");
 }
 

@@ -159,6 +159,7 @@ def main(argv=None) -> int:
         rows = []
         for c in cfgs:
             G._select = lambda *a, c=c: c
+            G.clear_launch_cache()        # a cached launcher would bypass _select
             label = str(c)
             try:
                 out = poisoned_out(s, ops, cp)
@@ -175,6 +176,7 @@ def main(argv=None) -> int:
                              "status": f"error {type(exc).__name__}: {exc}"[:200]})
             finally:
                 G._select = original_select
+                G.clear_launch_cache()
         del ref
         common.release_memory()
         flops = 2 * s.m * s.num_groups * s.n * s.k

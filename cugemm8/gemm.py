@@ -33,6 +33,15 @@ Common operand rules (all ops)
   16-byte aligned rows (row stride below 2^33 bytes); its elements must not
   overlap each other or any input.  Only ``out``'s valid region is written.
 * All arrays live on the current CuPy device.
+
+Repeated calls
+--------------
+A call whose arrays have the same (address, shape, strides, dtype) as an
+earlier successful call, on the same device and SM budget, and that needed no
+scale conversion, reuses that call's launcher (kernel, grid and tensor maps)
+without validating again: every check depends only on those properties.  A
+repeated call costs about 2 us of Python on top of CuPy's launch
+(``benches/bench_host.py``).  :func:`clear_launch_cache` empties the cache.
 """
 from __future__ import annotations
 
@@ -226,9 +235,10 @@ def _map_stride(x, dim: int, packed: int) -> int:
     return max(16, min(packed, _TMA_MAX_STRIDE - 16))
 
 
-def _launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: int, rows: int,
-            a, sfa, b, sfb, out, layout, groups_a: int):
-    """Encode descriptors and launch.
+def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: int, rows: int,
+                    a, sfa, b, sfb, out, layout, groups_a: int):
+    """Encode descriptors; return a no-argument launcher (on CuPy's current
+    stream at call time).
 
     ``rows`` is the per-group row extent of A / SFA / D (m, m_sum or m_max)
     and ``groups_a`` their group count (1 unless masked).
@@ -261,9 +271,73 @@ def _launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: int, rows:
                                   (d_row, d_grp), (d_cols, 64, 1),
                                   swizzle=cfg.swizzle_d, l2_256=False)
     threads = 128 * (cfg.num_math_warpgroups + 1)
-    args = (np.uint32(shape_m), sfb, layout if layout is not None else _NULL, out,
+    # Raw device addresses, not the arrays: a cached launcher (see _fast_path)
+    # must not keep the caller's memory alive.
+    args = (np.uint32(shape_m), np.uint64(sfb.data.ptr),
+            np.uint64(layout.data.ptr) if layout is not None else _NULL, np.uint64(out.data.ptr),
             np.uint32(d_row // 2), tmap_a, tmap_b, tmap_sfa, tmap_d)
-    kern((cfg.num_sms,), (threads,), args, shared_mem=cfg.smem_bytes)
+    grid, block, smem = (cfg.num_sms,), (threads,), cfg.smem_bytes
+
+    def launch():
+        kern(grid, block, args, shared_mem=smem)
+    return launch
+
+
+def _launch(*args):
+    """Encode descriptors and launch now (see :func:`_prepare_launch`)."""
+    launcher = _prepare_launch(*args)
+    launcher()
+    return launcher
+
+
+# ----------------------------------------------------------------------------
+# repeated calls: a launcher cache keyed by everything validation looks at
+# ----------------------------------------------------------------------------
+#
+# Every check an op makes is a function of its arrays' (address, shape,
+# strides, dtype), the current device (under unified addressing an address
+# belongs to one device) and the SM budget; the configuration and the tensor
+# maps are functions of the same things.  So after one validated call, an
+# identical call can reuse the launcher: issue 4's host budget (<= 15 us per
+# call at M = 64) leaves no room for re-validating.  A call is cached only if
+# it needed no scale conversion (no temporary arrays); the launcher holds raw
+# addresses and tensor maps, never the arrays.  Re-allocating the same shapes
+# at the same addresses reuses the entry, which is correct because nothing in
+# it depends on the contents.
+
+_FAST_MAX = 4096
+_fast: dict = {}
+
+
+def _sig(x):
+    return (x.data.ptr, x.shape, x.strides, x.dtype)
+
+
+def _fast_key(op: str, lhs, rhs, out, *extra):
+    """The cache key of a call, or None when any argument is not shaped like
+    a valid call (then the slow path validates and raises)."""
+    try:
+        (a, sfa), (b, sfb) = lhs, rhs
+        device = _device.current_device_id()
+        return (op, device, _device.get_num_sms(device), _sig(a), _sig(sfa), _sig(b), _sig(sfb),
+                _sig(out)) + tuple((type(e), e) if isinstance(e, (int, np.integer)) else _sig(e)
+                               for e in extra)
+    except Exception:
+        return None
+
+
+def _remember(key, launcher, converted: bool) -> None:
+    if key is None or converted:
+        return
+    if len(_fast) >= _FAST_MAX:
+        _fast.clear()
+    _fast[key] = launcher
+
+
+def clear_launch_cache() -> None:
+    """Forget the cached launchers of repeated calls (they are rebuilt on the
+    next call).  Never needed for correctness; for tests and memory hygiene."""
+    _fast.clear()
 
 
 # ----------------------------------------------------------------------------
@@ -290,6 +364,11 @@ def gemm_fp8_fp8_bf16_nt(lhs, rhs, out) -> None:
         ValueError: shape, stride, alignment, device or aliasing rule broken.
         cugemm8.DeviceError: no usable Hopper GPU.
     """
+    key = _fast_key("normal", lhs, rhs, out)
+    launcher = _fast.get(key) if key is not None else None
+    if launcher is not None:
+        launcher()
+        return
     cupy = _device.import_cupy()
     a, sfa, b, sfb = _unpack(lhs, rhs, 2, 2, cupy)
     m, k = a.shape
@@ -307,8 +386,9 @@ def gemm_fp8_fp8_bf16_nt(lhs, rhs, out) -> None:
     if m == 0:
         return
     cfg = _select("normal", m, n, k, 1)
-    _launch(cfg, "normal", n, k, 1, m, m, a, _prepare_sfa(sfa), b, _prepare_sfb(sfb, cupy),
-            out, None, 1)
+    sfa_k, sfb_k = _prepare_sfa(sfa), _prepare_sfb(sfb, cupy)
+    _remember(key, _launch(cfg, "normal", n, k, 1, m, m, a, sfa_k, b, sfb_k, out, None, 1),
+              sfa_k is not sfa or sfb_k is not sfb)
 
 
 def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs, rhs, out, m_indices) -> None:
@@ -339,6 +419,11 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs, rhs, out, m_indices) -> None:
 
     Raises: as :func:`gemm_fp8_fp8_bf16_nt`.
     """
+    key = _fast_key("contiguous", lhs, rhs, out, m_indices)
+    launcher = _fast.get(key) if key is not None else None
+    if launcher is not None:
+        launcher()
+        return
     cupy = _device.import_cupy()
     a, sfa, b, sfb = _unpack(lhs, rhs, 2, 3, cupy)
     m, k = a.shape
@@ -359,8 +444,9 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs, rhs, out, m_indices) -> None:
     if m == 0:
         return
     cfg = _select("contiguous", m, n, k, g)
-    _launch(cfg, "contiguous", n, k, g, m, m, a, _prepare_sfa(sfa), b, _prepare_sfb(sfb, cupy),
-            out, m_indices, 1)
+    sfa_k, sfb_k = _prepare_sfa(sfa), _prepare_sfb(sfb, cupy)
+    _remember(key, _launch(cfg, "contiguous", n, k, g, m, m, a, sfa_k, b, sfb_k, out, m_indices, 1),
+              sfa_k is not sfa or sfb_k is not sfb)
 
 
 def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs, rhs, out, masked_m, expected_m: int) -> None:
@@ -390,6 +476,11 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs, rhs, out, masked_m, expected_m: i
 
     Raises: as :func:`gemm_fp8_fp8_bf16_nt`.
     """
+    key = _fast_key("masked", lhs, rhs, out, masked_m, expected_m)
+    launcher = _fast.get(key) if key is not None else None
+    if launcher is not None:
+        launcher()
+        return
     cupy = _device.import_cupy()
     a, sfa, b, sfb = _unpack(lhs, rhs, 3, 3, cupy)
     g, m_max, k = a.shape
@@ -419,8 +510,9 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs, rhs, out, masked_m, expected_m: i
     if g == 0 or m_max == 0:
         return
     cfg = _select("masked", min(int(expected_m), m_max), n, k, g)
-    _launch(cfg, "masked", n, k, g, m_max, m_max, a, _prepare_sfa(sfa), b, _prepare_sfb(sfb, cupy),
-            out, masked_m, g)
+    sfa_k, sfb_k = _prepare_sfa(sfa), _prepare_sfb(sfb, cupy)
+    _remember(key, _launch(cfg, "masked", n, k, g, m_max, m_max, a, sfa_k, b, sfb_k, out, masked_m, g),
+              sfa_k is not sfa or sfb_k is not sfb)
 
 
 def get_gemm_config(kind: str, m: int, n: int, k: int, num_groups: int = 1):

@@ -237,7 +237,7 @@ class Recorder:
     """Stands in for the compiled kernel and the tensor-map encoder."""
 
     def __init__(self):
-        self.maps, self.args = [], None
+        self.maps, self.args, self.launches = [], None, 0
 
     def make_descriptor(self, dtype, address, dims, strides, box, **kw):
         self.maps.append((dtype, address, tuple(dims), tuple(strides), tuple(box)))
@@ -246,17 +246,19 @@ class Recorder:
     def get_kernel(self, header, name, **kw):
         def kernel(grid, block, args, shared_mem=0):
             self.args = args
+            self.launches += 1
         return kernel
 
 
 @pytest.fixture()
 def recorder(monkeypatch):
-    from cugemm8 import _config, _jit, _tma
+    from cugemm8 import _config, _device, _jit, _tma
     rec = Recorder()
     monkeypatch.setattr(_tma, "make_descriptor", rec.make_descriptor)
     monkeypatch.setattr(_jit, "get_kernel", rec.get_kernel)
     monkeypatch.setattr(cugemm8.gemm, "_select",
                         lambda kind, m, n, k, g: _config.select_config(kind, m, n, k, num_groups=g, num_sms=132))
+    monkeypatch.setattr(_device, "get_num_sms", lambda device_id=None: 132)
     return rec
 
 
@@ -323,3 +325,55 @@ def test_contiguous_layout_sizes_must_be_ints(bad):
 def test_contiguous_layout_alignment_rule(alignment):
     with pytest.raises(ValueError, match="multiple of 128"):
         cugemm8.make_contiguous_layout([3, 5], alignment=alignment)
+
+
+# ---------------------------------------------------------------- repeated calls
+
+def test_repeated_call_reuses_the_launcher(recorder, monkeypatch):
+    """An identical second call launches without validating or encoding again."""
+    a = normal_args(64, 256, 512)
+    a["sfa"] = mn_major_sfa((64, 4))
+    call_normal(**a)
+    maps = len(recorder.maps)
+    calls = []
+    monkeypatch.setattr(cugemm8.gemm, "_unpack", lambda *x: calls.append(x))
+    call_normal(**a)
+    assert recorder.launches == 2 and len(recorder.maps) == maps and calls == []
+
+
+def test_changed_arguments_are_validated_again(recorder):
+    """Same addresses, different shape or strides: the slow path runs and rejects."""
+    a = normal_args(64, 256, 512)
+    a["sfa"] = mn_major_sfa((64, 4))
+    call_normal(**a)
+    bad = dict(a, out=a["out"][:, :128])          # same address, wrong shape
+    with pytest.raises(ValueError, match="out must have shape"):
+        call_normal(**bad)
+    bad = dict(a, b=a["b"][:, :256])              # same address, k differs from a
+    with pytest.raises(ValueError, match="k differs"):
+        call_normal(**bad)
+    assert recorder.launches == 1
+
+
+def test_launch_cache_key_covers_device_sms_and_extras(monkeypatch):
+    from cugemm8 import _device, gemm
+    a = normal_args(64, 256, 512)
+    lhs, rhs = (a["a"], a["sfa"]), (a["b"], a["sfb"])
+    monkeypatch.setattr(_device, "get_num_sms", lambda device_id=None: 132)
+    k1 = gemm._fast_key("normal", lhs, rhs, a["out"])
+    monkeypatch.setattr(_device, "get_num_sms", lambda device_id=None: 100)
+    assert gemm._fast_key("normal", lhs, rhs, a["out"]) != k1
+    assert gemm._fast_key("masked", lhs, rhs, a["out"], a["sfb"], 5) != \
+        gemm._fast_key("masked", lhs, rhs, a["out"], a["sfb"], 6)
+    assert gemm._fast_key("normal", "junk", rhs, a["out"]) is None
+
+
+def test_calls_with_converted_scales_are_not_cached():
+    from cugemm8 import gemm
+    gemm.clear_launch_cache()
+    gemm._remember(("k",), lambda: None, converted=True)
+    assert ("k",) not in gemm._fast
+    gemm._remember(("k",), lambda: None, converted=False)
+    assert ("k",) in gemm._fast
+    gemm.clear_launch_cache()
+    assert not gemm._fast

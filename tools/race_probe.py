@@ -1,0 +1,33 @@
+"""Forced small-grid configurations (several tiles per CTA) for racecheck:
+
+    python tools/race_probe.py KIND BMxBN STAGES MC [GRID]
+
+KIND normal (M=333, N=320, K=640) or masked (4 groups, m_max=200,
+masked_m = 0, 1, 137, 200); MC 1, 2A or 2B.  The result is checked."""
+import sys
+
+import numpy as np
+
+sys.path.insert(0, ".")
+import cupy as cp  # noqa: E402
+
+from cugemm8 import _config, gemm as G  # noqa: E402
+from cugemm8.cli import Shape, bf16_to_f64, calc_diff, gemm_call, make_operands, poisoned_out, reference  # noqa: E402
+
+kind, tile, stages, mc = sys.argv[1:5]
+grid = int(sys.argv[5]) if len(sys.argv) > 5 else 8
+bm, bn = (int(x) for x in tile.split("x"))
+shape = Shape("normal", 333, 320, 640) if kind == "normal" else Shape("masked", 200, 320, 640, 4)
+ops = make_operands(shape, cp, seed=3)
+if kind == "masked":
+    host = np.array([0, 1, 137, 200], np.int32)
+    ops.update(masked_m=cp.asarray(host), masked_host=host.tolist(),
+               valid=cp.asarray(np.arange(200)[None, :] < host[:, None]))
+cfg = _config.make_config(kind, bm, bn, int(stages), 640, num_multicast=int(mc[0]),
+                          multicast_on_a=mc.endswith("A"), num_sms=grid)
+G._select = lambda *a: cfg
+out = poisoned_out(shape, ops, cp)
+gemm_call(shape, ops, out)()
+ref, _ = reference(ops, shape, cp)
+v = ops["valid"]
+print(kind, cfg, f"calc_diff {calc_diff(bf16_to_f64(out, cp)[v], ref[v], cp):.2e}")

@@ -104,7 +104,7 @@ struct SmemLayout {
   static constexpr uint32_t kA = BLOCK_M * 128u;                            // (BLOCK_M, BLOCK_K) e4m3
   static constexpr uint32_t kB = BLOCK_N * 128u;                            // (BLOCK_N, BLOCK_K) e4m3
   static constexpr uint32_t kSFA = align_up(BLOCK_M * 4u, 128u);            // (BLOCK_M,) f32
-  static constexpr uint32_t kSFB = align_up(2u * kNumKBlocks * 4u, 16u);    // (2, num_k_blocks) f32
+  static constexpr uint32_t kSFB = align_up(4u * kNumKBlocks * 4u, 16u);    // (2 tiles, 2, num_k_blocks) f32
   // BLOCK_M == 64 splits K between two math warpgroups; the second hands its
   // FP32 partial tile to the first through this buffer.
   static constexpr uint32_t kReduce = BLOCK_M == 64 ? 64u * BLOCK_N * 4u : 0u;  // (BLOCK_N/2, 128) f32
@@ -190,7 +190,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
   extern __shared__ __align__(1024) uint8_t smem[];
   uint64_t* full_bar = reinterpret_cast<uint64_t*>(smem + Smem::kOffBar);
   uint64_t* empty_bar = full_bar + kNumStages;
-  float* smem_sfb = reinterpret_cast<float*>(smem + Smem::kOffSFB);   // (2, kNumKBlocks) f32
+  float* smem_sfb = reinterpret_cast<float*>(smem + Smem::kOffSFB);   // (2, 2, kNumKBlocks) f32
   auto smem_a = [&](uint32_t s) { return smem + Smem::kOffA + s * Smem::kA; };
   auto smem_b = [&](uint32_t s) { return smem + Smem::kOffB + s * Smem::kB; };
   auto smem_sfa = [&](uint32_t s) { return reinterpret_cast<const float*>(smem + Smem::kOffSFA + s * Smem::kSFA); };
@@ -287,6 +287,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
     // Row (within the tile) of sub-tile `v` handled by this warpgroup.
     auto row_off = [&](uint32_t v) { return T::kSplitK ? 0u : v * 64 * kNumMathWG + warpgroup * 64; };
     uint32_t stage = 0, phase = 0;
+    uint32_t sfb_half = 0;   // which half of the B-scale buffer this tile uses
     float accum[kNumAccum];
     float final_accum[kWaves][kNumAccum];
 
@@ -303,13 +304,21 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
 
       if (!skip) {
         // Stage both candidate rows of B scales for the whole K (pitfall 9:
-        // before the K loop, behind a barrier of the math threads only).
+        // before the K loop, behind a barrier of the math threads only).  The
+        // buffer alternates between two halves tile by tile: the half written
+        // here was last read two tiles ago, and every math thread has passed
+        // the previous tile's barrier below since then, so one barrier per
+        // tile orders both the writes before this tile's reads and the last
+        // tile-but-one's reads before these writes.  (A single buffer needs a
+        // second barrier before the writes; racecheck flagged the split-K
+        // path's version of that as a hazard.)
         const uint32_t n0 = tile.n_block * BLOCK_N;
         const uint32_t sfb_row0 = n0 / 128;
-        named_barrier_sync(1, T::kNumMathThreads);   // previous tile's readers are done
+        float* tile_sfb = smem_sfb + sfb_half * 2 * kNumKBlocks;
+        sfb_half ^= 1;
         for (uint32_t i = threadIdx.x; i < 2 * kNumKBlocks; i += T::kNumMathThreads) {
           const uint32_t row = sfb_row0 + i / kNumKBlocks, kb = i % kNumKBlocks;
-          smem_sfb[i] = row < T::kNumSFBRows
+          tile_sfb[i] = row < T::kNumSFBRows
                             ? __ldg(sfb + (static_cast<uint64_t>(b_group) * T::kNumSFBRows + row) * kNumKBlocks + kb)
                             : 0.f;
         }
@@ -372,7 +381,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
               if (++stage == kNumStages) stage = 0, phase ^= 1;
               continue;
             }
-            const float sb0 = smem_sfb[kb], sb1 = smem_sfb[kNumKBlocks + kb];
+            const float sb0 = tile_sfb[kb], sb1 = tile_sfb[kNumKBlocks + kb];
             mbarrier_wait(full_bar + stage, phase);
             // Read this stage's A scales before the stage can be released.
             float sa[kWaves][2];
@@ -399,8 +408,8 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
         if constexpr (T::kSplitK) {
           // Hand warpgroup 1's partial tile to warpgroup 0 (thread-private
           // slots: the two hold identical fragment layouts).  The buffer is
-          // next written after the next tile's B-scale barrier, by which time
-          // warpgroup 0 has read it.
+          // next written after the next tile's B-scale barrier, which
+          // warpgroup 0 reaches only after reading it.
           float* red = reinterpret_cast<float*>(smem + Smem::kOffReduce);
           if (warpgroup == 1) {
             #pragma unroll

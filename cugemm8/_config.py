@@ -63,37 +63,62 @@ C_TILE + BM*BN/64 is the per-tile B-scale load, syncs and D staging
     and all of B, 128*(BM/64)*(64 + BN) bytes.  This term is what makes the
     wide tiles (256x128, 128x192) win at large M;
   - one warpgroup's serial chain: per sub-tile 4 WGMMAs of max(BN/2,
-    16 + BN/4) cycles each plus BN/2 FFMA cycles of promotion (x1.25 when the
-    tile can straddle two B-scale blocks, for the per-chunk select), plus C_KB
-    cycles of barrier / scale-read / wgmma-wait latency.  One warpgroup's
-    promotion overlaps the other's WGMMAs, hence the max; with BM = 64 the two
-    warpgroups split K, so the chain cost is halved.
+    16 + BN/4) cycles each plus BN/2 FFMA cycles of promotion, plus C_KB
+    (400) cycles of per-K-block latency (full-barrier wait, WGMMA pipeline
+    latency before ``wgmma.wait_group 0``, scale reads, release).  The
+    promotion costs x1.25 (RUNTIME_SELECT) only where the kernel selects the
+    B-scale row per 8-column chunk at run time: tiles whose B-scale boundary
+    takes more than 8 values, 128 / gcd(BN, 128) > 8 (BN an odd multiple of
+    8: 24, 40, 56, 72, 88, 104, 120, 136); for the others (BN dividing 128,
+    or 112, 144, 160, 192, ...) the K loop is instantiated once per boundary
+    value.  One warpgroup's promotion overlaps the other's WGMMAs, hence the
+    max.  With BM = 64 the two warpgroups split K; that measured only 1-7 %
+    faster than one warpgroup per 64 rows (benches/RESULTS.md, v0.2), so the
+    chain is multiplied by SPLIT_K_CHAIN = 0.9, not halved.
+  C_KB and SPLIT_K_CHAIN are fitted to the H200 v0.3 forced-config sweep
+  (benches/results/sweep_v0.3.json).  C_KB is most of the per-K-block time
+  the sweep shows for narrow tiles at M <= 128, nearly whatever BN and grid (at
+  (64, 576, 7168), 64x8 on 72 CTAs and 64x32 on 18 CTAs both take ~14 us);
+  the chain's growth with BN, split K's small gain and the L2 share below
+  are what make 128x64 (112 CTAs) beat the split-K 64x112 (128 CTAs) at
+  (128, 7168, K), by 15 % at K = 16384.  Any C_KB in [320, 448] with
+  SPLIT_K_CHAIN in [0.85, 0.9] keeps every choice on that sweep within
+  3.6 % of the shape's fastest measured config.
 - ``t_feed``: bytes each CTA pulls through L2 per tile, K * (rows_A / share_A +
   cols_B / share_B), with the real (unpadded) average rows and columns of a
   tile and share = 2 for the multicast operand (multicast halves its L2
-  traffic), at a per-SM rate of min(64, 6154 / available SMs) bytes/cycle
-  (generation 3's numbers).  The rate is a fixed per-SM share, so fewer busy
-  CTAs move proportionally fewer bytes: this is the "enough CTAs in flight"
-  term, which at M <= 128 (bandwidth-bound) picks the tiling that fills
-  about the SM count with the fewest duplicated bytes (64x16 for
-  (64, 2112, 7168): 132 tiles).  It is further capped by Little's law
-  (stages x stage bytes in flight over LATENCY cycles) and by the SM's ingest
-  port (64 B/cycle on every byte landing in its shared memory).  Duplicated
-  reads of A or B across tiles are paid in full.
+  traffic), at a per-CTA rate of min(64, 6154 / grid) bytes/cycle
+  (generation 3's numbers): the chip's L2 bandwidth is shared by the CTAs
+  that run, not by every available SM, so this term is the grid's total L2
+  traffic over the L2 bandwidth until a CTA reaches its SM's 64 B/cycle
+  ingest port (grids of at most 96 CTAs).  Fewer, wider CTAs with fewer
+  duplicated bytes are therefore not penalised for leaving SMs idle.  The
+  rate is further capped by Little's law (stages x stage bytes in flight
+  over LATENCY cycles), and every byte landing in shared memory passes the
+  64 B/cycle port.  Duplicated reads of A or B across tiles are paid in
+  full.
+- At M <= 128 (one wave) the chain and the feed decide together: a narrow
+  tile has the shorter chain, a wide one fewer duplicated bytes.  The picks
+  are 64x16 for (64, 2112, 7168) (132 tiles) and 128x64 for
+  (128, 7168, 16384) (112 tiles).
 - Multicast (on A for every kind, on B for ``normal``) costs MC_PENALTY (2%)
   for the lock-step of the two CTAs, and is only considered when the
   multicast candidate has more than one wave and there are at least
   MULTICAST_MIN_ROWS (512) rows of work (m, m_sum, or num_groups *
   expected_m), after DeepGEMM's generation-2 "m >= 512" rule and its
   generation-3 "no multicast in one wave" rule.  Both sides are scored.
+  MULTICAST_ENABLED is off for now (see its comment).
 - The DRAM roof (unique bytes / HBM bandwidth) is the same for every
   candidate of a shape and so is left out of the ranking.
 
 The constants are rough H200 figures, good for ranking, not for predicting
-times.  Ties (equal score) are broken, in order, by: less padded work
-(executed_tiles * BM * BN), no multicast before multicast, larger BM,
-smaller BN, multicast on A before on B.  ``m == 0`` is scored as ``m == 1``
-(the caller does not launch, but gets a valid config).
+times (the sweep's times include several microseconds of launch and
+pipeline fill that no term models).  tests/test_config.py checks the choice
+for every shape of the sweep against its measured times.  Ties (equal score)
+are broken, in order, by: less padded work (executed_tiles * BM * BN), no
+multicast before multicast, larger BM, smaller BN, multicast on A before on
+B.  ``m == 0`` is scored as ``m == 1`` (the caller does not launch, but gets
+a valid config).
 """
 from __future__ import annotations
 
@@ -123,14 +148,21 @@ BLOCK_N_CANDIDATES = tuple(range(8, 129, 8)) + (144, 160, 192)
 L2_BYTES_PER_CYCLE = 8e6 / 1300     # whole-chip L2 -> SM bandwidth
 SM_BYTES_PER_CYCLE = 64.0           # one SM's ingest port
 LATENCY = 1000.0                    # memory latency for Little's law
-C_KB = 64.0                         # per-K-block barrier/scale/wgmma-wait cost
+C_KB = 400.0                        # per-K-block latency of one warpgroup's chain (fitted)
+SPLIT_K_CHAIN = 0.9                 # BLOCK_M = 64 split K: chain x 0.9 (v0.2: 1-7% faster)
 C_TILE = 400.0                      # per-tile B-scale load + epilogue syncs
+RUNTIME_SELECT = 1.25               # promotion with a run-time B-scale row select
+MAX_BOUNDARY_VARIANTS = 8           # the kernel's kMaxFormerVariants (fp8_gemm_1d2d.cuh)
 MC_PENALTY = 0.02                   # multicast lock-step overhead
-#: Whether select_config may choose TMA multicast.  Off: on the H200 the
-#: multicast kernels are correct (GPU tests) but measured 25-50% slower than
-#: the same tiles without multicast (benches/RESULTS.md, v0.1 config sweep),
-#: so the heuristic keeps them out until the kernel's cluster path is fixed.
-#: Forced configurations (make_config) can still use them.
+#: Whether select_config may choose TMA multicast.  Off.  The v0.1 sweep
+#: measured multicast 25-50 % slower than the same tile without it.  With the
+#: remote-arrival fence fixed, the v0.3 sweep (benches/results/sweep_v0.3.json)
+#: has it, on each shape's fastest tile, at -2..+5 % of the same tile without
+#: it on the normal and contiguous GEMMs with >= 512 rows (-2.1 % at best,
+#: 256x128 on 4096x7168x16384) and +2..+8 % on the masked ones; its larger
+#: gains (7-12 %) are only on tiles still >= 8 % slower than the best.  No
+#: consistent gain above the 2-3 % run-to-run noise, so the heuristic leaves
+#: it out.  Forced configurations (make_config) can use it.
 MULTICAST_ENABLED = False
 OVERLAP_P = 4                       # soft max of compute and feed (imperfect overlap)
 MULTICAST_MIN_ROWS = 512
@@ -155,13 +187,13 @@ def smem_size(block_m: int, block_n: int, num_stages: int, k: int) -> int:
         align(BM*BN*2, 1024)                        D staging (BF16)
       + (64*BN*4 if BM == 64 else 0)                split-K reduction (FP32)
       + stages * (BM*128 + BN*128 + align(BM*4, 128))  A, B, A scales
-      + align(8 * ceil(K/128), 16)                  B scales, two rows, whole K
+      + align(16 * ceil(K/128), 16)                 B scales, two rows, whole K, two tiles
       + 256                                         barriers and misc
     """
     return (_align(block_m * block_n * 2, 1024)
             + (64 * block_n * 4 if block_m == 64 else 0)
             + num_stages * (block_m * BLOCK_K + block_n * BLOCK_K + _align(block_m * 4, 128))
-            + _align(8 * _ceil_div(k, BLOCK_K), 16)
+            + _align(16 * _ceil_div(k, BLOCK_K), 16)
             + 256)
 
 
@@ -194,6 +226,14 @@ def swizzle_d_bytes(block_n: int) -> int:
         if (block_n * 2) % s == 0:
             return s
     return 0
+
+
+def _runtime_boundary(block_n: int) -> bool:
+    """Whether the kernel selects the B-scale row per 8-column chunk at run
+    time: the tile straddles a 128-row block of B scales and the boundary
+    takes more than MAX_BOUNDARY_VARIANTS values (128 / gcd(block_n, 128)),
+    too many to instantiate the K loop once per value."""
+    return 128 % block_n != 0 and 128 // math.gcd(block_n, 128) > MAX_BOUNDARY_VARIANTS
 
 
 def _straddle_ok(block_n: int) -> bool:
@@ -398,7 +438,7 @@ def _validate(kind, m, n, k, num_groups, num_sms, smem_limit):
     return kind, m, n, k, num_groups, num_sms, smem_limit
 
 
-def _score(kind, bm, bn, stages, mc, on_a, m, n, k, groups, grid, avail_sms) -> tuple[float, int]:
+def _score(kind, bm, bn, stages, mc, on_a, m, n, k, groups, grid) -> tuple[float, int]:
     """Estimated cycles of the busiest CTA, and the padded work
     (executed tiles x BM x BN); see the module docstring."""
     kb = _ceil_div(k, BLOCK_K)
@@ -409,10 +449,10 @@ def _score(kind, bm, bn, stages, mc, on_a, m, n, k, groups, grid, avail_sms) -> 
     # Compute: per 128-K block.
     sub = _waves_per_warpgroup(bm)
     t_mma = max(bn / 2, 16 + bn / 4)                       # one m64nBNk32
-    t_promo = bn / 2 * (1.0 if 128 % bn == 0 else 1.25)    # FFMAs, one sub-tile
+    t_promo = bn / 2 * (RUNTIME_SELECT if _runtime_boundary(bn) else 1.0)  # FFMAs, one sub-tile
     t_chain = sub * (4 * t_mma + t_promo) + C_KB           # one warpgroup, serial
     if bm == 64:
-        t_chain /= 2                                       # split K: two chains in parallel
+        t_chain *= SPLIT_K_CHAIN                           # split K: measured ~10% shorter
     t_tensor = bm * bn / 32                                # all MACs at 4096/cycle
     # Shared memory at 128 B/cycle: TMA writes A and B, each sub-tile's WGMMAs
     # read its 64 rows of A and all of B.
@@ -424,7 +464,8 @@ def _score(kind, bm, bn, stages, mc, on_a, m, n, k, groups, grid, avail_sms) -> 
     share_a = 2 if mc == 2 and on_a else 1
     share_b = 2 if mc == 2 and not on_a else 1
     stage_bytes = BLOCK_K * (rows + cols)
-    rate = min(SM_BYTES_PER_CYCLE, L2_BYTES_PER_CYCLE / avail_sms, stages * stage_bytes / LATENCY)
+    # L2 bandwidth is shared by the CTAs that run (the grid), not by every SM.
+    rate = min(SM_BYTES_PER_CYCLE, L2_BYTES_PER_CYCLE / grid, stages * stage_bytes / LATENCY)
     t_feed = max(kb * BLOCK_K * (rows / share_a + cols / share_b) / rate,
                  kb * stage_bytes / SM_BYTES_PER_CYCLE)
 
@@ -456,7 +497,7 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit):
                 if mc == 2 and _ceil_div(executed, grid) <= 1:
                     continue              # multicast only with more than one wave
                 score, work = _score(kind, bm, bn, stages, mc, on_a, m_eff, n, k,
-                                     groups, grid, num_sms)
+                                     groups, grid)
                 cfg = make_config(kind, bm, bn, stages, k, num_multicast=mc,
                                   multicast_on_a=on_a, num_sms=grid)
                 key = (score, work, mc, -bm, bn, 0 if on_a else 1)

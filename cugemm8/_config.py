@@ -139,6 +139,7 @@ KINDS = ("normal", "contiguous", "masked")
 BLOCK_K = 128
 SMEM_LIMIT = 232448          # sm_90 opt-in dynamic shared memory per block
 MAX_STAGES = 16
+MAX_K = 2 ** 31 - 128          # K-block coordinates (kb * 128) must fit int32
 MIN_STAGES = 3
 REGISTER_LIMIT = 192         # FP32 accumulator registers per math thread
 BLOCK_M_CANDIDATES = (64, 128, 256)
@@ -187,13 +188,11 @@ def smem_size(block_m: int, block_n: int, num_stages: int, k: int) -> int:
         align(BM*BN*2, 1024)                        D staging (BF16)
       + (64*BN*4 if BM == 64 else 0)                split-K reduction (FP32)
       + stages * (BM*128 + BN*128 + align(BM*4, 128))  A, B, A scales
-      + align(16 * ceil(K/128), 16)                 B scales, two rows, whole K, two tiles
       + 256                                         barriers and misc
     """
     return (_align(block_m * block_n * 2, 1024)
             + (64 * block_n * 4 if block_m == 64 else 0)
             + num_stages * (block_m * BLOCK_K + block_n * BLOCK_K + _align(block_m * 4, 128))
-            + _align(16 * _ceil_div(k, BLOCK_K), 16)
             + 256)
 
 
@@ -427,6 +426,8 @@ def _validate(kind, m, n, k, num_groups, num_sms, smem_limit):
         raise ValueError(f"n must be > 0, got {n}")
     if k <= 0:
         raise ValueError(f"k must be > 0, got {k}")
+    if k > MAX_K:
+        raise ValueError(f"k = {k} exceeds {MAX_K} (the kernel's TMA K coordinates are int32)")
     if num_groups < 1:
         raise ValueError(f"num_groups must be >= 1, got {num_groups}")
     if kind == "normal" and num_groups != 1:

@@ -104,6 +104,9 @@ struct SmemLayout {
   static constexpr uint32_t kA = BLOCK_M * 128u;                            // (BLOCK_M, BLOCK_K) e4m3
   static constexpr uint32_t kB = BLOCK_N * 128u;                            // (BLOCK_N, BLOCK_K) e4m3
   static constexpr uint32_t kSFA = align_up(BLOCK_M * 4u, 128u);            // (BLOCK_M,) f32
+  // B scales: each of the 8 math warps keeps its own copy of the tile's two
+  // candidate rows, so only __syncwarp orders their writes and reads.
+  static constexpr uint32_t kSFB = align_up(8u * 2u * kNumKBlocks * 4u, 16u);  // (8 warps, 2, num_k_blocks) f32
   // BLOCK_M == 64 splits K between two math warpgroups; the second hands its
   // FP32 partial tile to the first through this buffer.
   static constexpr uint32_t kReduce = BLOCK_M == 64 ? 64u * BLOCK_N * 4u : 0u;  // (BLOCK_N/2, 128) f32
@@ -111,7 +114,8 @@ struct SmemLayout {
   static constexpr uint32_t kOffA = kD + kReduce;
   static constexpr uint32_t kOffB = kOffA + kNumStages * kA;
   static constexpr uint32_t kOffSFA = kOffB + kNumStages * kB;
-  static constexpr uint32_t kOffBar = kOffSFA + kNumStages * kSFA;
+  static constexpr uint32_t kOffSFB = kOffSFA + kNumStages * kSFA;
+  static constexpr uint32_t kOffBar = kOffSFB + kSFB;
   static constexpr uint32_t kTotal = kOffBar + 256u;
   static_assert(2u * kNumStages * 8u <= 256u, "barrier reserve holds at most 16 stages");
 };
@@ -188,6 +192,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
   extern __shared__ __align__(1024) uint8_t smem[];
   uint64_t* full_bar = reinterpret_cast<uint64_t*>(smem + Smem::kOffBar);
   uint64_t* empty_bar = full_bar + kNumStages;
+  float* smem_sfb = reinterpret_cast<float*>(smem + Smem::kOffSFB);   // (8, 2, kNumKBlocks) f32
   auto smem_a = [&](uint32_t s) { return smem + Smem::kOffA + s * Smem::kA; };
   auto smem_b = [&](uint32_t s) { return smem + Smem::kOffB + s * Smem::kB; };
   auto smem_sfa = [&](uint32_t s) { return reinterpret_cast<const float*>(smem + Smem::kOffSFA + s * Smem::kSFA); };
@@ -284,6 +289,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
     // Row (within the tile) of sub-tile `v` handled by this warpgroup.
     auto row_off = [&](uint32_t v) { return T::kSplitK ? 0u : v * 64 * kNumMathWG + warpgroup * 64; };
     uint32_t stage = 0, phase = 0;
+    float* warp_sfb = smem_sfb + (threadIdx.x / 32) * 2 * kNumKBlocks;   // this warp's B-scale copy
     float accum[kNumAccum];
     float final_accum[kWaves][kNumAccum];
 
@@ -299,23 +305,24 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
       }
 
       if (!skip) {
-        // B scales: every math thread reads the two candidate rows' scales of
-        // the K blocks it consumes straight from global memory, one block
-        // ahead of use, so the load overlaps the previous block's WGMMAs (all
-        // threads read the same addresses: one L1 line serves the CTA).
-        // Nothing is staged in shared memory, so no barrier orders one tile's
-        // reads against the next tile's writes.  (The staged version needed
-        // one; compute-sanitizer racecheck reported a hazard on it in the
-        // split-K path, benches/RESULTS.md v0.3.)
+        // Stage both candidate rows of B scales for the whole K before the K
+        // loop (pitfall 9), into this warp's private copy: __syncwarp orders
+        // the previous tile's reads before these writes and these writes
+        // before this tile's reads, with no barrier across warps.  (A buffer
+        // shared by the 8 warps needs named barriers, and compute-sanitizer
+        // racecheck reported a hazard on that version in the split-K path;
+        // loading the scales from global memory inside the K loop instead
+        // cost 7-10 % at M = 4096: benches/RESULTS.md v0.3.)
         const uint32_t n0 = tile.n_block * BLOCK_N;
         const uint32_t sfb_row0 = n0 / 128;
-        const float* sfb_tile = sfb + (static_cast<uint64_t>(b_group) * T::kNumSFBRows + sfb_row0) * kNumKBlocks;
-        const bool row0_valid = sfb_row0 < T::kNumSFBRows;          // false only for phantom tiles
-        const bool row1_valid = sfb_row0 + 1 < T::kNumSFBRows;
-        auto load_sfb = [&](uint32_t kb, float& s0, float& s1) {
-          s0 = row0_valid ? __ldg(sfb_tile + kb) : 0.f;
-          s1 = row1_valid ? __ldg(sfb_tile + kNumKBlocks + kb) : 0.f;
-        };
+        __syncwarp();
+        for (uint32_t i = lane; i < 2 * kNumKBlocks; i += 32) {
+          const uint32_t row = sfb_row0 + i / kNumKBlocks, kb = i % kNumKBlocks;
+          warp_sfb[i] = row < T::kNumSFBRows
+                            ? __ldg(sfb + (static_cast<uint64_t>(b_group) * T::kNumSFBRows + row) * kNumKBlocks + kb)
+                            : 0.f;
+        }
+        __syncwarp();
         // 8-column chunks before the next 128-row boundary of B use the first
         // scale row; the rest (if the tile straddles) the second.
         const uint32_t num_former_rt = 128 % BLOCK_N == 0 ? BLOCK_N / 8 : constexpr_min(BLOCK_N, 128 - n0 % 128) / 8;
@@ -369,16 +376,12 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
         auto k_loop = [&](auto former_tag) {
           constexpr uint32_t kFormer = decltype(former_tag)::value;
           const uint32_t num_former = kFormer == kRuntimeFormer ? num_former_rt : kFormer;
-          constexpr uint32_t kStep = T::kSplitK ? 2 : 1;   // this warpgroup's K blocks
-          float next_sb0 = 0.f, next_sb1 = 0.f;
-          if (T::kSplitK ? warpgroup < kNumKBlocks : true) load_sfb(T::kSplitK ? warpgroup : 0, next_sb0, next_sb1);
           for (uint32_t kb = 0; kb < kNumKBlocks; ++kb) {
             if (T::kSplitK && kb % 2 != warpgroup) {   // the other warpgroup's block
               if (++stage == kNumStages) stage = 0, phase ^= 1;
               continue;
             }
-            const float sb0 = next_sb0, sb1 = next_sb1;
-            if (kb + kStep < kNumKBlocks) load_sfb(kb + kStep, next_sb0, next_sb1);
+            const float sb0 = warp_sfb[kb], sb1 = warp_sfb[kNumKBlocks + kb];
             mbarrier_wait(full_bar + stage, phase);
             // Read this stage's A scales before the stage can be released.
             float sa[kWaves][2];

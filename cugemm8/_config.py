@@ -188,11 +188,13 @@ def smem_size(block_m: int, block_n: int, num_stages: int, k: int) -> int:
         align(BM*BN*2, 1024)                        D staging (BF16)
       + (64*BN*4 if BM == 64 else 0)                split-K reduction (FP32)
       + stages * (BM*128 + BN*128 + align(BM*4, 128))  A, B, A scales
+      + align(64 * ceil(K/128), 16)                 B scales: 8 warps x 2 rows x whole K
       + 256                                         barriers and misc
     """
     return (_align(block_m * block_n * 2, 1024)
             + (64 * block_n * 4 if block_m == 64 else 0)
             + num_stages * (block_m * BLOCK_K + block_n * BLOCK_K + _align(block_m * 4, 128))
+            + _align(64 * _ceil_div(k, BLOCK_K), 16)
             + 256)
 
 

@@ -131,7 +131,7 @@ __all__ = [
     "KINDS", "BLOCK_K", "SMEM_LIMIT", "MAX_STAGES", "BLOCK_M_CANDIDATES",
     "BLOCK_N_CANDIDATES", "GemmConfig", "select_config", "ranked_configs",
     "smem_size", "max_stages", "candidate_block_ms", "candidate_block_ns",
-    "swizzle_d_bytes", "is_legal", "make_config", "tile_counts",
+    "swizzle_d_bytes", "is_legal", "make_config", "tile_counts", "max_k",
     "format_table", "BENCHMARK_CASES",
 ]
 
@@ -139,7 +139,6 @@ KINDS = ("normal", "contiguous", "masked")
 BLOCK_K = 128
 SMEM_LIMIT = 232448          # sm_90 opt-in dynamic shared memory per block
 MAX_STAGES = 16
-MAX_K = 2 ** 31 - 128          # K-block coordinates (kb * 128) must fit int32
 MIN_STAGES = 3
 REGISTER_LIMIT = 192         # FP32 accumulator registers per math thread
 BLOCK_M_CANDIDATES = (64, 128, 256)
@@ -196,6 +195,13 @@ def smem_size(block_m: int, block_n: int, num_stages: int, k: int) -> int:
             + num_stages * (block_m * BLOCK_K + block_n * BLOCK_K + _align(block_m * 4, 128))
             + _align(64 * _ceil_div(k, BLOCK_K), 16)
             + 256)
+
+
+def max_k(smem_limit: int = SMEM_LIMIT) -> int:
+    """The largest K (a multiple of 128) any configuration fits: the per-warp
+    B-scale copies grow with K (382,464 at the sm_90 limit)."""
+    fixed = smem_size(64, 8, _min_stages(64, 8), 0)
+    return max(0, (smem_limit - fixed) // 64) * BLOCK_K
 
 
 def _min_stages(block_m: int, block_n: int) -> int:
@@ -428,8 +434,11 @@ def _validate(kind, m, n, k, num_groups, num_sms, smem_limit):
         raise ValueError(f"n must be > 0, got {n}")
     if k <= 0:
         raise ValueError(f"k must be > 0, got {k}")
-    if k > MAX_K:
-        raise ValueError(f"k = {k} exceeds {MAX_K} (the kernel's TMA K coordinates are int32)")
+    if k > max_k(smem_limit):
+        raise ValueError(f"k = {k} exceeds {max_k(smem_limit)}: each math warp keeps the tile's "
+                         f"B scales for the whole K in shared memory (64 * ceil(k/128) bytes), and "
+                         f"beyond that even the smallest tile (64x8, {_min_stages(64, 8)} stages) "
+                         f"does not fit smem_limit={smem_limit} bytes")
     if num_groups < 1:
         raise ValueError(f"num_groups must be >= 1, got {num_groups}")
     if kind == "normal" and num_groups != 1:
@@ -507,7 +516,8 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit):
                 ranked.append((key, cfg))
     if not ranked:
         raise ValueError(f"no configuration fits smem_limit={smem_limit} bytes with k={k} "
-                         f"(the smallest tile, 64x8 with 3 stages, needs {smem_size(64, 8, 3, k)} bytes)")
+                         f"(the smallest tile, 64x8 with {_min_stages(64, 8)} stages, needs "
+                         f"{smem_size(64, 8, _min_stages(64, 8), k)} bytes)")
     ranked.sort(key=lambda e: e[0])
     return tuple((key[0], cfg) for key, cfg in ranked)
 

@@ -18,7 +18,9 @@ Common operand rules (all ops)
   stride is 1 byte, every other stride a positive multiple of 16 bytes below
   2^40 (no broadcast or reversed views), the base address 16-byte aligned
   (TMA rules, CUDA driver ``cuTensorMapEncodeTiled``).
-* ``k`` is a positive multiple of 16; a K tail that is not a multiple of 128
+* ``k`` is a positive multiple of 16, at most 382,464
+  (:func:`cugemm8._config.max_k`: each math warp keeps the tile's B scales
+  for the whole K in shared memory); a K tail that is not a multiple of 128
   is zero-filled by TMA inside the last K block.  ``n`` is a positive multiple
   of 8.  ``m`` may be anything ``>= 0`` (``m == 0`` launches nothing).
 * ``sfa`` is float32 ``[..., m, ceil(k/128)]``.  Its MN-major TMA-aligned
@@ -141,6 +143,9 @@ def _check_int32(name: str, x, shape: tuple, cupy):
     _check_typed(name, x, "int32", shape, cupy)
     if x.size and not x.flags.c_contiguous:
         raise ValueError(f"{name} must be contiguous, got strides {x.strides}")
+    if x.size and x.data.ptr % 4:
+        # The kernel reads it with 4-byte loads; a misaligned address faults.
+        raise ValueError(f"{name} base address {x.data.ptr:#x} must be 4-byte aligned")
 
 
 def _span(x):
@@ -271,7 +276,7 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
                                   (d_row, d_grp), (d_cols, 64, 1),
                                   swizzle=cfg.swizzle_d, l2_256=False)
     threads = 128 * (cfg.num_math_warpgroups + 1)
-    # Raw device addresses, not the arrays: a cached launcher (see _fast_path)
+    # Raw device addresses, not the arrays: a cached launcher (see _fast_key)
     # must not keep the caller's memory alive.
     args = (np.uint32(shape_m), np.uint64(sfb.data.ptr),
             np.uint64(layout.data.ptr) if layout is not None else _NULL, np.uint64(out.data.ptr),
@@ -310,12 +315,16 @@ _fast: dict = {}
 
 
 def _sig(x):
-    return (x.data.ptr, x.shape, x.strides, x.dtype)
+    # The array's own device too: checks reject arrays on another device, and
+    # a freed address can come back on another GPU.
+    return (x.data.ptr, x.data.device_id, x.shape, x.strides, x.dtype)
 
 
 def _fast_key(op: str, lhs, rhs, out, *extra):
     """The cache key of a call, or None when any argument is not shaped like
     a valid call (then the slow path validates and raises)."""
+    if not (isinstance(lhs, (tuple, list)) and isinstance(rhs, (tuple, list))):
+        return None                      # the slow path raises the pair TypeError
     try:
         (a, sfa), (b, sfb) = lhs, rhs
         device = _device.current_device_id()
@@ -504,6 +513,10 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs, rhs, out, masked_m, expected_m: i
         # (group * m_max + row) * row stride.
         raise ValueError(f"out's group stride {out.strides[0]} B must equal m_max * row stride "
                          f"= {m_max * out.strides[1]} B")
+    if g > 1 and m_max == 1 and out.strides[0] // 2 >= 2 ** 32:
+        # One row per group: the kernel takes the group stride as its 32-bit row stride.
+        raise ValueError(f"out's group stride {out.strides[0]} B must be below 2^33 B when m_max == 1 "
+                         f"(the kernel takes it as a 32-bit element count)")
     if g * m_max > _INT32_MAX:
         raise ValueError(f"g * m_max = {g * m_max} exceeds 2^31 - 1 rows")
     _check_placement(out, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "masked_m": masked_m}, cupy)

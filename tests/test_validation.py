@@ -259,7 +259,9 @@ def recorder(monkeypatch):
     monkeypatch.setattr(cugemm8.gemm, "_select",
                         lambda kind, m, n, k, g: _config.select_config(kind, m, n, k, num_groups=g, num_sms=132))
     monkeypatch.setattr(_device, "get_num_sms", lambda device_id=None: 132)
-    return rec
+    cugemm8.gemm.clear_launch_cache()
+    yield rec
+    cugemm8.gemm.clear_launch_cache()     # stub launchers must not outlive the stubs
 
 
 def mn_major_sfa(shape):
@@ -377,3 +379,44 @@ def test_calls_with_converted_scales_are_not_cached():
     assert ("k",) in gemm._fast
     gemm.clear_launch_cache()
     assert not gemm._fast
+
+
+def test_cached_call_still_rejects_an_array_on_another_device(recorder):
+    a = normal_args(64, 256, 512)
+    a["sfa"] = mn_major_sfa((64, 4))
+    call_normal(**a)
+    b = a["b"]
+    mem = cupy.cuda.memory.UnownedMemory(b.data.ptr, b.nbytes, None, device_id=1)
+    a["b"] = cupy.ndarray(b.shape, b.dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
+    with pytest.raises(ValueError, match="device"):
+        call_normal(**a)
+    assert recorder.launches == 1
+
+
+def test_cached_call_still_rejects_a_non_pair_operand(recorder):
+    a = normal_args(64, 256, 512)
+    a["sfa"] = mn_major_sfa((64, 4))
+    call_normal(**a)
+    with pytest.raises(TypeError, match="pair"):
+        cugemm8.gemm_fp8_fp8_bf16_nt(iter((a["a"], a["sfa"])), (a["b"], a["sfb"]), a["out"])
+    assert recorder.launches == 1
+
+
+def test_misaligned_int32_layouts_are_rejected():
+    d = masked_args()
+    d["masked_m"] = fake((64,), np.uint8)[2:2 + 4 * 4].view(np.int32)
+    with pytest.raises(ValueError, match="masked_m base address .* 4-byte aligned"):
+        call_masked(**d)
+
+
+def test_masked_single_row_huge_group_stride_is_rejected():
+    d = masked_args(g=2, m_max=1)
+    d["out"] = fake((2, 1, 256), BF16, strides=(2 ** 33, 512, 2))
+    with pytest.raises(ValueError, match="group stride"):
+        call_masked(**d)
+
+
+def test_sfa_with_a_huge_stride_is_not_taken_as_tma_ready():
+    from cugemm8.layout import is_tma_aligned_mn_major
+    sfa = fake((2, 64, 4), np.float32, strides=(2 ** 40, 4, 256))
+    assert not is_tma_aligned_mn_major(sfa)

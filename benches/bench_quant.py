@@ -1,18 +1,28 @@
 """Benchmark of the FP8 quantisation kernels (issue 6) on one GPU.
 
-    python benches/bench_quant.py [--reps 50] [--warmup 5] [--json OUT]
+    python benches/bench_quant.py [--reps 50] [--warmup 5] [--extra] [--json OUT]
 
 Cases (bfloat16 input, DeepSeek-V3 sizes):
 
 * per_token_cast_to_fp8 on [4096, 7168] (prefill) and [128, 7168] (decode);
-* per_block_cast_to_fp8 on [7168, 7168] (a weight matrix).
+* per_block_cast_to_fp8 on [7168, 7168] (a weight matrix);
+* with ``--extra``, also per_token on [2048, 7168] bf16, [4096, 7168]
+  float32 and float16, [4096, 7168] bf16 with pow2_scale, a 3-D
+  [8, 512, 7168] bf16 batch and a strided [4096, 7168] view of a
+  [4096, 7296] bf16 buffer (row pitch 7296: read in place).
 
 For each: kernel time (median over repetitions, CUDA events around the call,
 a 256 MB write before every repetition so each starts with a cold L2), the
 achieved bandwidth (bytes read + written, scales included) and its ratio to
 
-* a device-to-device copy of a 2 GB buffer measured in the same run (the
-  memory ceiling, bytes read + written), and
+* ``of copy``: a device-to-device copy of a 2 GB buffer measured in the same
+  run (the large-copy memory ceiling, bytes read + written);
+* ``of same-size copy``: a device-to-device copy (cudaMemcpyAsync) moving
+  exactly the case's bytes (half of them read, half written), timed the same
+  way (cold L2, median): the ceiling for a transfer of that size, launch
+  latency and DRAM latency included.  Small cases (decode) cannot approach
+  the large-copy rate; this column says how close they come to a plain copy
+  of the same bytes;
 * the same quantisation written as plain CuPy expressions (reshape,
   abs().max(axis), divide, clip, e4m3 encoding by integer bit manipulation);
   its result is compared with cugemm8's (the ``same bits`` column).
@@ -73,13 +83,25 @@ def time_us(fn, *, reps: int, warmup: int, flush) -> list:
     return [cp.cuda.get_elapsed_time(s, e) * 1e3 for s, e in pairs]
 
 
+def same_size_copy_us(nbytes: int, *, reps: int, warmup: int, flush) -> float:
+    """Median time of a cudaMemcpyAsync moving ``nbytes`` bytes in all (half
+    read, half written), cold L2 like the kernels."""
+    half = max(nbytes // 2, 1)
+    src = cp.empty(half, dtype=cp.uint8)
+    dst = cp.empty(half, dtype=cp.uint8)
+    src.fill(1)
+    t = statistics.median(time_us(lambda: dst.data.copy_from_device_async(src.data, half),
+                                  reps=reps, warmup=warmup, flush=flush))
+    return t
+
+
 def copy_gbps(reps: int) -> float:
     src = cp.empty(COPY_BYTES, dtype=cp.uint8)
     dst = cp.empty(COPY_BYTES, dtype=cp.uint8)
     src.fill(1)
     t = statistics.median(time_us(lambda: dst.data.copy_from_device_async(src.data, COPY_BYTES),
                                   reps=max(5, reps // 5), warmup=2, flush=None))
-    del src, dst
+    del src, dst  # noqa: F821 (pyflakes: names used by the lambda above)
     cp.get_default_memory_pool().free_all_blocks()
     return 2 * COPY_BYTES / t / 1e3
 
@@ -152,60 +174,102 @@ def case_bytes(kind: str, rows: int, k: int, item: int) -> int:
     return rows * k * item + rows * k + (-(-rows // 128)) * kb * 4
 
 
-def run(reps: int, warmup: int) -> dict:
+def _input(rng, shape, dtype):
+    host = (rng.standard_normal(shape, dtype=np.float32)
+            * np.exp2(rng.integers(-3, 4, shape[:-1] + (1,))).astype(np.float32))
+    return cp.asarray(host.astype(dtype))
+
+
+def _cases(extra: bool) -> list:
+    """(label, kind, build(rng) -> x, keyword arguments, baseline or None)."""
+    bf16 = ml_dtypes.bfloat16
+    cases = [
+        ("per_token [4096, 7168] bf16", "per_token", lambda r: _input(r, (4096, 7168), bf16), {}, cupy_per_token),
+        ("per_token [128, 7168] bf16", "per_token", lambda r: _input(r, (128, 7168), bf16), {}, cupy_per_token),
+        ("per_block [7168, 7168] bf16", "per_block", lambda r: _input(r, (7168, 7168), bf16), {}, cupy_per_block),
+    ]
+    if extra:
+        cases += [
+            ("per_token [2048, 7168] bf16", "per_token", lambda r: _input(r, (2048, 7168), bf16), {}, None),
+            ("per_token [4096, 7168] fp32", "per_token", lambda r: _input(r, (4096, 7168), np.float32), {}, None),
+            ("per_token [4096, 7168] fp16", "per_token", lambda r: _input(r, (4096, 7168), np.float16), {}, None),
+            ("per_token [4096, 7168] bf16 pow2", "per_token", lambda r: _input(r, (4096, 7168), bf16),
+             {"pow2_scale": True}, None),
+            ("per_token [8, 512, 7168] bf16", "per_token", lambda r: _input(r, (8, 512, 7168), bf16), {}, None),
+            ("per_token [4096, 7168/7296] bf16", "per_token",
+             lambda r: _input(r, (4096, 7296), bf16)[:, :7168], {}, None),
+        ]
+    return cases
+
+
+def case_bytes_of(kind: str, x) -> int:
+    *lead, rows, k = x.shape
+    g = lead[0] if lead else 1
+    return g * case_bytes(kind, rows, k, x.itemsize) if kind == "per_token" else \
+        case_bytes(kind, rows, k, x.itemsize)
+
+
+def run(reps: int, warmup: int, extra: bool = False) -> dict:
     dev = cp.cuda.Device()
     props = cp.cuda.runtime.getDeviceProperties(dev.id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
     flush = L2Flush()
     ceiling = copy_gbps(reps)
     rng = np.random.default_rng(0)
-    cases = [("per_token", 4096, 7168), ("per_token", 128, 7168), ("per_block", 7168, 7168)]
     results = []
-    for kind, rows, k in cases:
-        host = (rng.standard_normal((rows, k), dtype=np.float32)
-                * np.exp2(rng.integers(-3, 4, (rows, 1))).astype(np.float32))
-        x = cp.asarray(host.astype(ml_dtypes.bfloat16))
+    for label, kind, build, kwargs, base in _cases(extra):
+        x = build(rng)
         fn = quant.per_token_cast_to_fp8 if kind == "per_token" else quant.per_block_cast_to_fp8
-        base = cupy_per_token if kind == "per_token" else cupy_per_block
-        nbytes = case_bytes(kind, rows, k, x.itemsize)
-        t_mine = statistics.median(time_us(lambda: fn(x), reps=reps, warmup=warmup, flush=flush))
-        row = {"case": f"{kind} [{rows}, {k}] bf16", "bytes": nbytes, "us": t_mine,
-               "gbps": nbytes / t_mine / 1e3}
+        nbytes = case_bytes_of(kind, x)
+        t_mine = statistics.median(time_us(lambda: fn(x, **kwargs), reps=reps, warmup=warmup,
+                                           flush=flush))
+        t_copy = same_size_copy_us(nbytes, reps=reps, warmup=warmup, flush=flush)
+        row = {"case": label, "bytes": nbytes, "us": t_mine, "gbps": nbytes / t_mine / 1e3,
+               "copy_same_size_us": t_copy, "copy_same_size_gbps": nbytes / t_copy / 1e3}
         row["of_copy"] = row["gbps"] / ceiling
-        try:
-            t_base = statistics.median(time_us(lambda: base(x), reps=max(5, reps // 5),
-                                               warmup=2, flush=flush))
-            row["cupy_us"] = t_base
-            row["speedup_vs_cupy"] = t_base / t_mine
-            row["same_bits"] = same_bits(fn(x), base(x))
-        except Exception as exc:  # the baseline is best effort
-            row["cupy_error"] = f"{type(exc).__name__}: {exc}"
+        row["of_same_size_copy"] = t_copy / t_mine
+        if base is not None:
+            try:
+                t_base = statistics.median(time_us(lambda: base(x), reps=max(5, reps // 5),
+                                                   warmup=2, flush=flush))
+                row["cupy_us"] = t_base
+                row["speedup_vs_cupy"] = t_base / t_mine
+                row["same_bits"] = same_bits(fn(x), base(x))
+            except Exception as exc:  # the baseline is best effort
+                row["cupy_error"] = f"{type(exc).__name__}: {exc}"
         results.append(row)
-        del x
+        x = None          # free the input before the next case is built
         cp.get_default_memory_pool().free_all_blocks()
     return {"device": name, "copy_gbps": ceiling, "reps": reps, "results": results}
 
 
 def print_table(report: dict) -> None:
-    print(f"device: {report['device']}   D2D copy ceiling: {report['copy_gbps']:.0f} GB/s "
-          f"(read + write), median of {report['reps']} reps, cold L2")
-    head = f"{'case':<32}{'us':>9}{'GB/s':>9}{'of copy':>9}{'cupy us':>10}{'x cupy':>8}  same bits"
+    print(f"device: {report['device']}   large D2D copy ceiling: {report['copy_gbps']:.0f} GB/s "
+          f"(2 GB, read + write), median of {report['reps']} reps, cold L2")
+    print("of copy: against that ceiling; same-size copy: a D2D copy moving the case's own bytes, "
+          "timed the same way (its us and GB/s in the copy columns)")
+    head = (f"{'case':<34}{'us':>8}{'GB/s':>8}{'of copy':>9}{'copy us':>9}{'copy GB/s':>10}"
+            f"{'of same-size copy':>19}{'cupy us':>9}{'x cupy':>8}  same bits")
     print(head)
     print("-" * len(head))
     for r in report["results"]:
-        cu = f"{r['cupy_us']:10.1f}{r['speedup_vs_cupy']:8.1f}" if "cupy_us" in r else \
-            f"{'n/a':>10}{'':>8}"
+        cu = f"{r['cupy_us']:9.1f}{r['speedup_vs_cupy']:8.1f}" if "cupy_us" in r else \
+            f"{'n/a':>9}{'':>8}"
         bits = str(r.get("same_bits", r.get("cupy_error", "n/a")))
-        print(f"{r['case']:<32}{r['us']:9.1f}{r['gbps']:9.0f}{r['of_copy']:9.1%}{cu}  {bits}")
+        print(f"{r['case']:<34}{r['us']:8.1f}{r['gbps']:8.0f}{r['of_copy']:9.1%}"
+              f"{r['copy_same_size_us']:9.1f}{r['copy_same_size_gbps']:10.0f}"
+              f"{r['of_same_size_copy']:19.1%}{cu}  {bits}")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--extra", action="store_true",
+                    help="also time per_token on more shapes / dtypes (see the module docstring)")
     ap.add_argument("--json", metavar="OUT", help="also write the results as JSON")
     args = ap.parse_args(argv)
-    report = run(args.reps, args.warmup)
+    report = run(args.reps, args.warmup, args.extra)
     print_table(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))

@@ -335,12 +335,31 @@ def _fast_key(op: str, lhs, rhs, out, *extra):
         return None
 
 
+def _launch_cached(key) -> bool:
+    """Run the launcher cached under ``key``; False when there is none."""
+    launcher = _fast.get(key) if key is not None else None
+    if launcher is None:
+        return False
+    launcher()
+    return True
+
+
 def _remember(key, launcher, converted: bool) -> None:
     if key is None or converted:
         return
     if len(_fast) >= _FAST_MAX:
         _fast.clear()
     _fast[key] = launcher
+
+
+def _launch_and_remember(key, cupy, cfg, kind, n, k, num_groups, shape_m, rows, a, sfa, b, sfb, out,
+                         layout, groups_a) -> None:
+    """Bring the scales into the kernel's layout, launch, and cache the
+    launcher under ``key`` unless a scale had to be converted (the launcher
+    would point at a temporary)."""
+    sfa_k, sfb_k = _prepare_sfa(sfa), _prepare_sfb(sfb, cupy)
+    launcher = _launch(cfg, kind, n, k, num_groups, shape_m, rows, a, sfa_k, b, sfb_k, out, layout, groups_a)
+    _remember(key, launcher, sfa_k is not sfa or sfb_k is not sfb)
 
 
 def clear_launch_cache() -> None:
@@ -374,9 +393,7 @@ def gemm_fp8_fp8_bf16_nt(lhs, rhs, out) -> None:
         cugemm8.DeviceError: no usable Hopper GPU.
     """
     key = _fast_key("normal", lhs, rhs, out)
-    launcher = _fast.get(key) if key is not None else None
-    if launcher is not None:
-        launcher()
+    if _launch_cached(key):
         return
     cupy = _device.import_cupy()
     a, sfa, b, sfb = _unpack(lhs, rhs, 2, 2, cupy)
@@ -395,9 +412,7 @@ def gemm_fp8_fp8_bf16_nt(lhs, rhs, out) -> None:
     if m == 0:
         return
     cfg = _select("normal", m, n, k, 1)
-    sfa_k, sfb_k = _prepare_sfa(sfa), _prepare_sfb(sfb, cupy)
-    _remember(key, _launch(cfg, "normal", n, k, 1, m, m, a, sfa_k, b, sfb_k, out, None, 1),
-              sfa_k is not sfa or sfb_k is not sfb)
+    _launch_and_remember(key, cupy, cfg, "normal", n, k, 1, m, m, a, sfa, b, sfb, out, None, 1)
 
 
 def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs, rhs, out, m_indices) -> None:
@@ -429,9 +444,7 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs, rhs, out, m_indices) -> None:
     Raises: as :func:`gemm_fp8_fp8_bf16_nt`.
     """
     key = _fast_key("contiguous", lhs, rhs, out, m_indices)
-    launcher = _fast.get(key) if key is not None else None
-    if launcher is not None:
-        launcher()
+    if _launch_cached(key):
         return
     cupy = _device.import_cupy()
     a, sfa, b, sfb = _unpack(lhs, rhs, 2, 3, cupy)
@@ -453,9 +466,7 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs, rhs, out, m_indices) -> None:
     if m == 0:
         return
     cfg = _select("contiguous", m, n, k, g)
-    sfa_k, sfb_k = _prepare_sfa(sfa), _prepare_sfb(sfb, cupy)
-    _remember(key, _launch(cfg, "contiguous", n, k, g, m, m, a, sfa_k, b, sfb_k, out, m_indices, 1),
-              sfa_k is not sfa or sfb_k is not sfb)
+    _launch_and_remember(key, cupy, cfg, "contiguous", n, k, g, m, m, a, sfa, b, sfb, out, m_indices, 1)
 
 
 def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs, rhs, out, masked_m, expected_m: int) -> None:
@@ -486,9 +497,7 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs, rhs, out, masked_m, expected_m: i
     Raises: as :func:`gemm_fp8_fp8_bf16_nt`.
     """
     key = _fast_key("masked", lhs, rhs, out, masked_m, expected_m)
-    launcher = _fast.get(key) if key is not None else None
-    if launcher is not None:
-        launcher()
+    if _launch_cached(key):
         return
     cupy = _device.import_cupy()
     a, sfa, b, sfb = _unpack(lhs, rhs, 3, 3, cupy)
@@ -523,9 +532,7 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs, rhs, out, masked_m, expected_m: i
     if g == 0 or m_max == 0:
         return
     cfg = _select("masked", min(int(expected_m), m_max), n, k, g)
-    sfa_k, sfb_k = _prepare_sfa(sfa), _prepare_sfb(sfb, cupy)
-    _remember(key, _launch(cfg, "masked", n, k, g, m_max, m_max, a, sfa_k, b, sfb_k, out, masked_m, g),
-              sfa_k is not sfa or sfb_k is not sfb)
+    _launch_and_remember(key, cupy, cfg, "masked", n, k, g, m_max, m_max, a, sfa, b, sfb, out, masked_m, g)
 
 
 def get_gemm_config(kind: str, m: int, n: int, k: int, num_groups: int = 1):

@@ -149,34 +149,29 @@ def main(argv=None) -> int:
 
     flush = common.L2Flush()
     results, table = [], []
-    original_select = G._select
     for s, cfgs in plan:
         ops = make_operands(s, cp, seed=0, vary=False)
         ref, _ = reference(ops, s, cp)
         valid = ops["valid"]
-        pick = str(original_select(s.kind, s.m * s.num_groups if s.kind == "contiguous" else s.m,
-                                   s.n, s.k, s.num_groups))
+        pick = str(G._select(s.kind, s.m * s.num_groups if s.kind == "contiguous" else s.m,
+                             s.n, s.k, s.num_groups))
         rows = []
         for c in cfgs:
-            G._select = lambda *a, c=c: c
-            G.clear_launch_cache()        # a cached launcher would bypass _select
             label = str(c)
-            try:
-                out = poisoned_out(s, ops, cp)
-                run = gemm_call(s, ops, out)
-                run()
-                diff = calc_diff(bf16_to_f64(out, cp)[valid], ref[valid], cp)
-                if not diff < 1e-3:
-                    rows.append({"config": label, "us": None, "status": f"WRONG {diff:.2e}"})
-                    continue
-                t = common.time_call(run, reps=args.reps, warmup=1, flush=flush).median
-                rows.append({"config": label, "us": t, "status": "ok"})
-            except Exception as exc:
-                rows.append({"config": label, "us": None,
-                             "status": f"error {type(exc).__name__}: {exc}"[:200]})
-            finally:
-                G._select = original_select
-                G.clear_launch_cache()
+            with G._forced_config(c):
+                try:
+                    out = poisoned_out(s, ops, cp)
+                    run = gemm_call(s, ops, out)
+                    run()
+                    diff = calc_diff(bf16_to_f64(out, cp)[valid], ref[valid], cp)
+                    if not diff < 1e-3:
+                        rows.append({"config": label, "us": None, "status": f"WRONG {diff:.2e}"})
+                        continue
+                    t = common.time_call(run, reps=args.reps, warmup=1, flush=flush).median
+                    rows.append({"config": label, "us": t, "status": "ok"})
+                except Exception as exc:
+                    rows.append({"config": label, "us": None,
+                                 "status": f"error {type(exc).__name__}: {exc}"[:200]})
         del ref
         common.release_memory()
         flops = 2 * s.m * s.num_groups * s.n * s.k

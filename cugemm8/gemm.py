@@ -47,6 +47,7 @@ repeated call costs about 2 us of Python on top of CuPy's launch
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import numpy as np
@@ -360,6 +361,24 @@ def _launch_and_remember(key, cupy, cfg, kind, n, k, num_groups, shape_m, rows, 
     sfa_k, sfb_k = _prepare_sfa(sfa), _prepare_sfb(sfb, cupy)
     launcher = _launch(cfg, kind, n, k, num_groups, shape_m, rows, a, sfa_k, b, sfb_k, out, layout, groups_a)
     _remember(key, launcher, sfa_k is not sfa or sfb_k is not sfb)
+
+
+@contextlib.contextmanager
+def _forced_config(cfg):
+    """Within the block the ops launch ``cfg`` instead of the heuristic's
+    pick (``None``: the heuristic), for benches and tools that time or
+    sanitize forced configurations.  The launch cache is emptied on entry and
+    exit, so no launcher built under one choice serves the other."""
+    global _select
+    saved = _select
+    if cfg is not None:
+        _select = lambda *args: cfg        # noqa: E731
+    clear_launch_cache()
+    try:
+        yield
+    finally:
+        _select = saved
+        clear_launch_cache()
 
 
 def clear_launch_cache() -> None:

@@ -420,3 +420,15 @@ def test_sfa_with_a_huge_stride_is_not_taken_as_tma_ready():
     from cugemm8.layout import is_tma_aligned_mn_major
     sfa = fake((2, 64, 4), np.float32, strides=(2 ** 40, 4, 256))
     assert not is_tma_aligned_mn_major(sfa)
+
+
+def test_forced_config_restores_the_heuristic_and_empties_the_cache():
+    from cugemm8 import gemm
+    heuristic = gemm._select
+    gemm._fast[("stale",)] = lambda: None
+    with pytest.raises(KeyError):
+        with gemm._forced_config("forced"):
+            assert gemm._select("normal", 1, 8, 16, 1) == "forced" and not gemm._fast
+            gemm._fast[("inside",)] = lambda: None
+            raise KeyError
+    assert gemm._select is heuristic and not gemm._fast

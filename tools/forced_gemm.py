@@ -22,19 +22,15 @@ m, n, k = (int(x) for x in sys.argv[1:4])
 shape = Shape("normal", m, n, k)
 ops = make_operands(shape, cp, seed=0)
 ref, _ = reference(ops, shape, cp)
-original = G._select
 for text in sys.argv[4:]:
     cfg = parse_config(text.replace("c2A", "c2"), shape, cugemm8.get_num_sms())
     if cfg is None:
         print(f"{text}: not legal here")
         continue
-    G._select = lambda *a, cfg=cfg: cfg
-    G.clear_launch_cache()            # a cached launcher would bypass _select
-    out = poisoned_out(shape, ops, cp)
-    run = gemm_call(shape, ops, out)
-    for _ in range(int(os.environ.get("RUNS", "3"))):
-        run()
-    cp.cuda.runtime.deviceSynchronize()
+    with G._forced_config(cfg):
+        out = poisoned_out(shape, ops, cp)
+        run = gemm_call(shape, ops, out)
+        for _ in range(int(os.environ.get("RUNS", "3"))):
+            run()
+        cp.cuda.runtime.deviceSynchronize()
     print(f"{m}x{n}x{k} {cfg}: calc_diff {calc_diff(bf16_to_f64(out, cp), ref, cp):.2e}", flush=True)
-    G._select = original
-    G.clear_launch_cache()

@@ -42,19 +42,12 @@ def check(label, shape, ops, out, ref):
 
 def run(shape, ops, forced=None):
     ref, _ = reference(ops, shape, cp)
-    original = G._select
-    if forced is not None:
-        G._select = lambda *a: forced
-    G.clear_launch_cache()
-    try:
+    with G._forced_config(forced):
         for _ in range(2):
             out = poisoned_out(shape, ops, cp)
             gemm_call(shape, ops, out)()
             cp.cuda.runtime.deviceSynchronize()
             check(f"{shape.kind} {shape.label()} {forced or 'heuristic'}", shape, ops, out, ref)
-    finally:
-        G._select = original
-        G.clear_launch_cache()
 
 
 # Contiguous: uneven experts, one empty, junk in padding rows.

@@ -33,54 +33,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cupy as cp          # noqa: E402
 import ml_dtypes           # noqa: E402
 import numpy as np         # noqa: E402
 
+import common              # noqa: E402
 from cugemm8 import quant  # noqa: E402
 
-FLUSH_BYTES = 256 << 20
-COPY_BYTES = 2 << 30
-
-
 # ----------------------------------------------------------------------------
-# Timing
+# Timing (the L2 flush, CUDA-event timing and the copy ceiling are
+# benches/common.py's, shared with bench_gemm.py)
 # ----------------------------------------------------------------------------
 
-class L2Flush:
-    def __init__(self, nbytes: int = FLUSH_BYTES):
-        self.buf = cp.empty(nbytes, dtype=cp.uint8)
-        self.value = 0
-
-    def __call__(self):
-        self.value = (self.value + 1) & 0xFF
-        self.buf.fill(self.value)
-
-
-def time_us(fn, *, reps: int, warmup: int, flush) -> list:
-    """Kernel times in microseconds, one per repetition.
-
-    The flush runs on the GPU for ~100 us before each timed call, which
-    hides the Python launch overhead of the call behind it.
-    """
-    for _ in range(warmup):
-        fn()
-    cp.cuda.get_current_stream().synchronize()
-    pairs = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(reps)]
-    for start, end in pairs:
-        if flush is not None:
-            flush()
-        start.record()
-        fn()
-        end.record()
-    pairs[-1][1].synchronize()
-    return [cp.cuda.get_elapsed_time(s, e) * 1e3 for s, e in pairs]
+def time_us(fn, *, reps: int, warmup: int, flush) -> float:
+    """Median kernel time in microseconds (see common.time_calls)."""
+    return common.time_call(fn, reps=reps, warmup=warmup, flush=flush).median
 
 
 def same_size_copy_us(nbytes: int, *, reps: int, warmup: int, flush) -> float:
@@ -90,20 +63,8 @@ def same_size_copy_us(nbytes: int, *, reps: int, warmup: int, flush) -> float:
     src = cp.empty(half, dtype=cp.uint8)
     dst = cp.empty(half, dtype=cp.uint8)
     src.fill(1)
-    t = statistics.median(time_us(lambda: dst.data.copy_from_device_async(src.data, half),
-                                  reps=reps, warmup=warmup, flush=flush))
-    return t
-
-
-def copy_gbps(reps: int) -> float:
-    src = cp.empty(COPY_BYTES, dtype=cp.uint8)
-    dst = cp.empty(COPY_BYTES, dtype=cp.uint8)
-    src.fill(1)
-    t = statistics.median(time_us(lambda: dst.data.copy_from_device_async(src.data, COPY_BYTES),
-                                  reps=max(5, reps // 5), warmup=2, flush=None))
-    del src, dst  # noqa: F821 (pyflakes: names used by the lambda above)
-    cp.get_default_memory_pool().free_all_blocks()
-    return 2 * COPY_BYTES / t / 1e3
+    return time_us(lambda: dst.data.copy_from_device_async(src.data, half),
+                   reps=reps, warmup=warmup, flush=flush)
 
 
 # ----------------------------------------------------------------------------
@@ -213,16 +174,15 @@ def run(reps: int, warmup: int, extra: bool = False) -> dict:
     dev = cp.cuda.Device()
     props = cp.cuda.runtime.getDeviceProperties(dev.id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
-    flush = L2Flush()
-    ceiling = copy_gbps(reps)
+    flush = common.L2Flush()
+    ceiling = common.copy_bandwidth_gbps(common.COPY_BYTES, reps=max(5, reps // 5))
     rng = np.random.default_rng(0)
     results = []
     for label, kind, build, kwargs, base in _cases(extra):
         x = build(rng)
         fn = quant.per_token_cast_to_fp8 if kind == "per_token" else quant.per_block_cast_to_fp8
         nbytes = case_bytes_of(kind, x)
-        t_mine = statistics.median(time_us(lambda: fn(x, **kwargs), reps=reps, warmup=warmup,
-                                           flush=flush))
+        t_mine = time_us(lambda: fn(x, **kwargs), reps=reps, warmup=warmup, flush=flush)
         t_copy = same_size_copy_us(nbytes, reps=reps, warmup=warmup, flush=flush)
         row = {"case": label, "bytes": nbytes, "us": t_mine, "gbps": nbytes / t_mine / 1e3,
                "copy_same_size_us": t_copy, "copy_same_size_gbps": nbytes / t_copy / 1e3}
@@ -230,8 +190,7 @@ def run(reps: int, warmup: int, extra: bool = False) -> dict:
         row["of_same_size_copy"] = t_copy / t_mine
         if base is not None:
             try:
-                t_base = statistics.median(time_us(lambda: base(x), reps=max(5, reps // 5),
-                                                   warmup=2, flush=flush))
+                t_base = time_us(lambda: base(x), reps=max(5, reps // 5), warmup=2, flush=flush)
                 row["cupy_us"] = t_base
                 row["speedup_vs_cupy"] = t_base / t_mine
                 row["same_bits"] = same_bits(fn(x), base(x))

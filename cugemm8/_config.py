@@ -434,11 +434,6 @@ def _validate(kind, m, n, k, num_groups, num_sms, smem_limit):
         raise ValueError(f"n must be > 0, got {n}")
     if k <= 0:
         raise ValueError(f"k must be > 0, got {k}")
-    if k > max_k(smem_limit):
-        raise ValueError(f"k = {k} exceeds {max_k(smem_limit)}: each math warp keeps the tile's "
-                         f"B scales for the whole K in shared memory (64 * ceil(k/128) bytes), and "
-                         f"beyond that even the smallest tile (64x8, {_min_stages(64, 8)} stages) "
-                         f"does not fit smem_limit={smem_limit} bytes")
     if num_groups < 1:
         raise ValueError(f"num_groups must be >= 1, got {num_groups}")
     if kind == "normal" and num_groups != 1:
@@ -447,6 +442,12 @@ def _validate(kind, m, n, k, num_groups, num_sms, smem_limit):
         raise ValueError(f"num_sms must be >= 1, got {num_sms}")
     if smem_limit < 1:
         raise ValueError(f"smem_limit must be > 0, got {smem_limit}")
+    limit = max_k(smem_limit)
+    if 0 < limit < k:           # (limit 0: no tile fits at all; _rank says so)
+        raise ValueError(f"k = {k} exceeds {limit}: each math warp keeps the tile's "
+                         f"B scales for the whole K in shared memory (64 * ceil(k/128) bytes), and "
+                         f"beyond that even the smallest tile (64x8, {_min_stages(64, 8)} stages) "
+                         f"does not fit smem_limit={smem_limit} bytes")
     return kind, m, n, k, num_groups, num_sms, smem_limit
 
 

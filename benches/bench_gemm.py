@@ -4,13 +4,18 @@
                                  [--m1] [--reps 40] [--json OUT] [--plot OUT.png]
     python benches/bench_gemm.py --from-json OUT [--plot OUT.png]   # re-render, no GPU
 
-Per shape: the chosen config, kernel time (median of --reps CUDA-event
-timings, 256 MB L2 flush before each), TFLOPS (2MNK/t), GB/s (A + B + D +
-SFA + SFB over t) and its share of the device-to-device copy rate measured
-in the same run, a calc_diff check against a float64 reference, the
-cuBLASLt blockwise-FP8 baseline through PyTorch in the same run (checked
-too; 'wrong' results are excluded), DeepGEMM's H200 figure and the 1.10x
-target from docs/benchmarks.md.  Geometric means close the report.
+Per shape: the chosen config; two kernel times, each the median of --reps
+repetitions with a 256 MB L2 flush before each: CUDA events around the launch
+("µs ev", which also counts the GPU's ~3 µs launch latency) and, when torch is
+installed, the CUPTI kernel duration through torch.profiler ("µs", DeepGEMM's
+bench_kineto method, the one its anchor figures use); TFLOPS (2MNK/t), GB/s
+(A + B + D + SFA + SFB over t) and its share of the device-to-device copy
+rate measured in the same run, from the CUPTI time when there is one; a
+calc_diff check against a float64 reference; the cuBLASLt blockwise-FP8
+baseline through PyTorch in the same run (checked too; 'wrong' results are
+excluded), timed both ways, each ratio taken between like times; DeepGEMM's
+H200 figure and the 1.10x target from docs/benchmarks.md.  Geometric means
+close the report.
 
 Test data: see :mod:`cugemm8.cli` (block-varied normal values quantised per
 1x128 / 128x128 block, amax / 448 scales).  Grouped shapes use exactly M rows
@@ -108,7 +113,7 @@ def measure_baseline(shape: Shape, ops: dict, ref, args, flush) -> dict:
     """Per-group cuBLASLt loop: validated against ``ref``, then timed (summed
     kernel times).  Returns base_us / base_status / base_rel."""
     import common
-    res = {"base_us": None, "base_status": "", "base_rel": None}
+    res = {"base_us": None, "base_kus": None, "base_status": "", "base_rel": None}
     if args.no_baseline:
         res["base_status"] = "n/a: --no-baseline"
         return res
@@ -128,6 +133,8 @@ def measure_baseline(shape: Shape, ops: dict, ref, args, flush) -> dict:
             res["base_status"] = f"wrong (rel {worst:.1e})"
             return res
         res["base_us"] = common.time_calls(runs, reps=args.reps, warmup=args.warmup, flush=flush).median
+        kt = common.kernel_times(runs, reps=args.reps, flush=flush)
+        res["base_kus"] = kt.median if kt else None
         res["base_status"] = "ok"
     except Exception as exc:
         res["base_status"] = "n/a: " + " ".join(f"{type(exc).__name__}: {exc}".split())[:160]
@@ -145,9 +152,11 @@ def measure_same_m_normal(shape: Shape, ops: dict, args, flush, cp) -> dict:
     sfa = cugemm8.get_col_major_tma_aligned_tensor(ops["sfa"])
     lhs, rhs = (ops["a"], sfa), (ops["b"][0], ops["sfb"][0])
     try:
-        t = common.time_call(lambda: cugemm8.gemm_fp8_fp8_bf16_nt(lhs, rhs, out),
-                             reps=args.reps, warmup=args.warmup, flush=flush)
-        return {"same_m_us": t.median, "same_m_config": config_string(normal)}
+        run = lambda: cugemm8.gemm_fp8_fp8_bf16_nt(lhs, rhs, out)  # noqa: E731
+        t = common.time_call(run, reps=args.reps, warmup=args.warmup, flush=flush)
+        kt = common.kernel_times([run], reps=args.reps, flush=flush)
+        return {"same_m_us": t.median, "same_m_kus": kt.median if kt else None,
+                "same_m_config": config_string(normal)}
     except Exception as exc:
         return {"same_m_us": None, "same_m_config": f"error: {type(exc).__name__}: {exc}"[:160]}
 
@@ -171,6 +180,8 @@ def bench_shape(shape: Shape, args, flush, copy_gbps: float) -> dict:
         row["check"], row["diff"] = check_cugemm8(shape, ops, out, ref, cp)
         timing = common.time_call(run, reps=args.reps, warmup=args.warmup, flush=flush)
         row["us"], row["spread"] = timing.median, timing.spread
+        kt = common.kernel_times([run], reps=args.reps, flush=flush)
+        row["kus"] = kt.median if kt else None
         row.update(measure_baseline(shape, ops, ref, args, flush))
         del ref
         if shape.kind == "contiguous":
@@ -190,18 +201,26 @@ def add_metrics(row: dict, shape: Shape, rows, num_b: int, copy_gbps: float) -> 
     rows = shape.m * shape.num_groups if rows is None else rows
     row["flops"] = 2.0 * rows * shape.n * shape.k
     row["bytes"] = gemm_bytes(rows, shape.n, shape.k, num_b)
-    us, base_us = row.get("us"), row.get("base_us")
-    row["tflops"] = row["flops"] / us / 1e6 if us else None
-    row["gbps"] = row["bytes"] / us / 1e3 if us else None
-    row["copy_pct"] = 100.0 * row["gbps"] / copy_gbps if us and copy_gbps else None
-    row["base_tflops"] = row["flops"] / base_us / 1e6 if base_us else None
-    row["ratio_base"] = row["tflops"] / row["base_tflops"] if row["tflops"] and row["base_tflops"] else None
+    # The primary time: CUPTI kernel duration when measured, else CUDA events.
+    us_ev, kus = row.get("us"), row.get("kus")
+    row["timer"] = "cupti" if kus else "events"
+    t = kus or us_ev
+    row["t_us"] = t
+    row["tflops"] = row["flops"] / t / 1e6 if t else None
+    row["gbps"] = row["bytes"] / t / 1e3 if t else None
+    row["copy_pct"] = 100.0 * row["gbps"] / copy_gbps if t and copy_gbps else None
+    # cuBLASLt: like against like (CUPTI with CUPTI, events with events).
+    base_t = row.get("base_kus") if kus else row.get("base_us")
+    row["base_tflops"] = row["flops"] / base_t / 1e6 if base_t else None
+    row["ratio_base"] = base_t / t if base_t and t else None
+    row["ratio_base_events"] = (row["base_us"] / us_ev if row.get("base_us") and us_ev else None)
     anchor = anchor_tflops(shape)
     row["anchor_tflops"] = anchor
     row["target_tflops"] = anchor * TARGET_FACTOR if anchor else None
     row["ratio_anchor"] = row["tflops"] / anchor if anchor and row["tflops"] else None
-    if row.get("same_m_us") and us:
-        row["contig_over_normal"] = us / row["same_m_us"]
+    same = row.get("same_m_kus") if kus else row.get("same_m_us")
+    if same and t:
+        row["contig_over_normal"] = t / same
     return row
 
 
@@ -226,6 +245,7 @@ def summarize(rows: list[dict]) -> dict:
             "shapes": len(sel),
             "check_failures": sum(r.get("check") != "ok" for r in sel),
             "geomean_vs_cublaslt": _geomean(r.get("ratio_base") for r in sel),
+            "geomean_vs_cublaslt_events": _geomean(r.get("ratio_base_events") for r in sel),
             "baseline_shapes": sum(r.get("ratio_base") is not None for r in sel),
             "min_vs_cublaslt": min((r["ratio_base"] for r in sel if r.get("ratio_base")), default=None),
             "geomean_vs_deepgemm": _geomean(r.get("ratio_anchor") for r in sel),
@@ -242,7 +262,7 @@ def _f(x, spec: str, none: str = "-") -> str:
     return none if x is None or x != x else format(x, spec)
 
 
-COLUMNS = ("kind", "shape", "config", "µs", "TFLOPS", "GB/s", "%copy", "check",
+COLUMNS = ("kind", "shape", "config", "µs", "µs ev", "TFLOPS", "GB/s", "%copy", "check",
            "cuBLASLt TF", "×cuBLASLt", "DeepGEMM TF", "×DeepGEMM", "target TF", "note")
 
 
@@ -252,12 +272,15 @@ def table_row(r: dict) -> tuple:
     if r.get("diff") is not None:
         check = f"{check} {r['diff']:.1e}"
     note = ""
-    if r.get("same_m_us"):
-        note = (f"normal M={r['m'] * r['g']}: {r['same_m_us']:.1f} µs "
+    if r.get("contig_over_normal"):
+        same = r.get("same_m_kus") if r.get("timer") == "cupti" else r.get("same_m_us")
+        note = (f"normal M={r['m'] * r['g']}: {same:.1f} µs "
                 f"({r['same_m_config']}), contig/normal {r['contig_over_normal']:.3f}")
     if r.get("spread") is not None and r["spread"] > 0.1:
         note = (note + "; " if note else "") + f"noisy: p10-p90 {100 * r['spread']:.0f}%"
-    return (r["kind"], r["label"], r.get("config", "?"), _f(r.get("us"), ".1f"), _f(r.get("tflops"), ".0f"),
+    t = r.get("t_us", r.get("us"))
+    return (r["kind"], r["label"], r.get("config", "?"), _f(t, ".1f"), _f(r.get("us"), ".1f"),
+            _f(r.get("tflops"), ".0f"),
             _f(r.get("gbps"), ".0f"), _f(r.get("copy_pct"), ".0f"), check, base,
             _f(r.get("ratio_base"), ".2f"), _f(r.get("anchor_tflops"), ".0f"),
             _f(r.get("ratio_anchor"), ".2f"), _f(r.get("target_tflops"), ".0f"), note)
@@ -269,13 +292,20 @@ def print_report(meta: dict, rows: list[dict], summary: dict) -> None:
     print(f"  copy ceiling {_f(meta.get('copy_gbps'), '.0f')} GB/s (d2d, read+write, same run); "
           f"FP8 peak {meta.get('peak_tflops')} TFLOPS; median of {meta.get('reps')} reps, "
           f"{meta.get('flush_mb')} MB L2 flush before each; baseline: {meta.get('baseline')}")
+    timers = {r.get("timer") for r in rows if r.get("timer")}
+    print("  µs / TFLOPS / GB/s / ratios: " + (
+        "CUPTI kernel durations (torch.profiler; DeepGEMM's bench_kineto method)" if timers == {"cupti"}
+        else "CUDA events (no torch: no CUPTI)" if timers == {"events"}
+        else "CUPTI where measured, else CUDA events (per row: 'timer' in --json)")
+        + "; 'µs ev' = CUDA events around each launch (adds the GPU launch latency)")
     print_table("cugemm8 FP8 GEMM benchmark", COLUMNS, [table_row(r) for r in rows])
     lines = []
     for kind, s in summary.items():
         lines.append(
             f"{kind:>10}: {s['shapes']} shapes, {s['check_failures']} check failures; "
             f"geomean ×cuBLASLt {_f(s['geomean_vs_cublaslt'], '.3f')} over {s['baseline_shapes']} "
-            f"(min {_f(s['min_vs_cublaslt'], '.2f')}); geomean ×DeepGEMM "
+            f"(min {_f(s['min_vs_cublaslt'], '.2f')}; events/events "
+            f"{_f(s.get('geomean_vs_cublaslt_events'), '.3f')}); geomean ×DeepGEMM "
             f"{_f(s['geomean_vs_deepgemm'], '.3f')} over {s['anchored_shapes']}, "
             f"{s['below_deepgemm']} below DeepGEMM, {s['below_target']} below the 1.10× target"
             + (f"; min %copy at M<=128: {s['min_copy_pct_m_le_128']:.0f}%"

@@ -12,7 +12,8 @@ Cases (bfloat16 input, DeepSeek-V3 sizes):
   [4096, 7296] bf16 buffer (row pitch 7296: read in place).
 
 For each: kernel time (median over repetitions, CUDA events around the call,
-a 256 MB write before every repetition so each starts with a cold L2), the
+a 256 MB write before every repetition so each starts with a cold L2; with
+torch installed, also the CUPTI kernel durations in a second table), the
 achieved bandwidth (bytes read + written, scales included) and its ratio to
 
 * ``of copy``: a device-to-device copy of a 2 GB buffer measured in the same
@@ -65,6 +66,16 @@ def same_size_copy_us(nbytes: int, *, reps: int, warmup: int, flush) -> float:
     src.fill(1)
     return time_us(lambda: dst.data.copy_from_device_async(src.data, half),
                    reps=reps, warmup=warmup, flush=flush)
+
+
+def same_size_copy_kernel_us(nbytes: int, *, reps: int, flush) -> float | None:
+    """CUPTI duration (µs, median) of the same-size copy, or None without torch."""
+    half = max(nbytes // 2, 1)
+    src = cp.empty(half, dtype=cp.uint8)
+    dst = cp.empty(half, dtype=cp.uint8)
+    src.fill(1)
+    t = common.kernel_times([lambda: dst.data.copy_from_device_async(src.data, half)], reps=reps, flush=flush)
+    return t.median if t else None
 
 
 # ----------------------------------------------------------------------------
@@ -188,6 +199,15 @@ def run(reps: int, warmup: int, extra: bool = False) -> dict:
                "copy_same_size_us": t_copy, "copy_same_size_gbps": nbytes / t_copy / 1e3}
         row["of_copy"] = row["gbps"] / ceiling
         row["of_same_size_copy"] = t_copy / t_mine
+        # CUPTI durations (torch installed): no launch latency in either time.
+        k_mine = common.kernel_times([lambda: fn(x, **kwargs)], reps=reps, flush=flush)
+        k_copy = same_size_copy_kernel_us(nbytes, reps=reps, flush=flush)
+        if k_mine is not None:
+            row["kus"] = k_mine.median
+            row["k_of_copy"] = nbytes / k_mine.median / 1e3 / ceiling
+            if k_copy:
+                row["copy_same_size_kus"] = k_copy
+                row["k_of_same_size_copy"] = k_copy / k_mine.median
         if base is not None:
             try:
                 t_base = time_us(lambda: base(x), reps=max(5, reps // 5), warmup=2, flush=flush)
@@ -218,6 +238,17 @@ def print_table(report: dict) -> None:
         print(f"{r['case']:<34}{r['us']:8.1f}{r['gbps']:8.0f}{r['of_copy']:9.1%}"
               f"{r['copy_same_size_us']:9.1f}{r['copy_same_size_gbps']:10.0f}"
               f"{r['of_same_size_copy']:19.1%}{cu}  {bits}")
+    if any("kus" in r for r in report["results"]):
+        print("\nCUPTI kernel durations (torch.profiler: launch latency excluded, as in DeepGEMM's bench_kineto)")
+        head = f"{'case':<34}{'us':>8}{'GB/s':>8}{'of copy':>9}{'copy us':>9}{'of same-size copy':>19}"
+        print(head)
+        print("-" * len(head))
+        for r in report["results"]:
+            if "kus" not in r:
+                continue
+            cu = (f"{r['copy_same_size_kus']:9.1f}{r['k_of_same_size_copy']:19.1%}"
+                  if "copy_same_size_kus" in r else f"{'n/a':>9}{'n/a':>19}")
+            print(f"{r['case']:<34}{r['kus']:8.1f}{r['bytes'] / r['kus'] / 1e3:8.0f}{r['k_of_copy']:9.1%}{cu}")
 
 
 def main(argv=None) -> int:

@@ -83,6 +83,60 @@ def time_call(fn, *, reps: int, warmup: int, flush) -> Timing:
     return time_calls([fn], reps=reps, warmup=warmup, flush=flush)
 
 
+def kernel_times(fns, *, reps: int, flush) -> Timing | None:
+    """GPU kernel durations per repetition from CUPTI, through ``torch.profiler``.
+
+    DeepGEMM's ``bench_kineto`` method, which its published figures (the
+    anchors in docs/benchmarks.md) use: each repetition is ``flush()`` then
+    every ``fn``; its time is the summed duration of every GPU activity
+    (kernels and memsets, e.g. cuBLAS's workspace memset) between two
+    flushes, launch latency excluded.  The flush's own activities are
+    identified by their names, taken from profiling ``flush()`` alone.
+    CUDA-event times (:func:`time_calls`) also count the GPU's launch latency
+    of each kernel, about 3 µs on the H200 (benches/RESULTS.md, v0.4).
+
+    Returns None when torch (with CUDA) is not importable or nothing was
+    recorded.
+    """
+    torch, _ = load_torch()
+    if torch is None or flush is None:
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    def gpu_events(prof):
+        out = []
+        for e in prof.events():
+            dev = getattr(e, "device_type", None)
+            if dev is not None and str(dev).endswith("CUDA"):
+                out.append((e.time_range.start, e.time_range.elapsed_us(), e.name))
+        return sorted(out)
+
+    cp.cuda.runtime.deviceSynchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        flush()
+        cp.cuda.runtime.deviceSynchronize()
+    flush_names = {name for _, _, name in gpu_events(prof)}
+    if not flush_names:
+        return None
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            flush()
+            for fn in fns:
+                fn()
+        cp.cuda.runtime.deviceSynchronize()
+    samples, current = [], None
+    for _, dur, name in gpu_events(prof):
+        if name in flush_names:
+            if current:
+                samples.append(current)
+            current = 0.0
+        elif current is not None:
+            current += dur
+    if current:
+        samples.append(current)
+    return Timing(samples) if samples else None
+
+
 def _time_copy(nbytes: int, reps: int) -> Timing:
     src = cp.empty(nbytes, dtype=cp.uint8)
     dst = cp.empty(nbytes, dtype=cp.uint8)

@@ -290,6 +290,18 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
     auto row_off = [&](uint32_t v) { return T::kSplitK ? 0u : v * 64 * kNumMathWG + warpgroup * 64; };
     uint32_t stage = 0, phase = 0;
     float* warp_sfb = smem_sfb + (threadIdx.x / 32) * 2 * kNumKBlocks;   // this warp's B-scale copy
+    // Low words of the WGMMA descriptors of stage 0's A rows (this
+    // warpgroup's) and B tile.  Each WGMMA adds its stage / sub-tile / k byte
+    // offset, in 16-byte units, to the start-address field (bits 0-13):
+    // shared-memory addresses stay below 2^18, so the sum never carries into
+    // the next field.  The shuffle makes the row offset visibly warp-uniform,
+    // so all of this stays in uniform registers (no R2UR before each QGMMA in
+    // the SASS).  Measured on the H200 against rebuilding each descriptor from
+    // its address, together with the two-way unrolled K loop below: +5-6 % at
+    // M = 4096, 0-7 % at M <= 128 (benches/RESULTS.md, v0.4).
+    const uint32_t desc_a0 = smem_desc_sw128_lo(smem_a(0)) +
+                             __shfl_sync(0xffffffffu, row_off(0) * 128 / 16, 0);
+    const uint32_t desc_b0 = smem_desc_sw128_lo(smem_b(0));
     float accum[kNumAccum];
     float final_accum[kWaves][kNumAccum];
 
@@ -335,8 +347,8 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
           wgmma_fence();
           #pragma unroll
           for (uint32_t k = 0; k < 4; ++k) {
-            const uint64_t da = make_smem_desc_sw128(smem_a(s) + row_off(v) * 128 + k * 32);
-            const uint64_t db = make_smem_desc_sw128(smem_b(s) + k * 32);
+            const uint64_t da = smem_desc_sw128_from_lo(desc_a0 + (s * Smem::kA + (row_off(v) - row_off(0)) * 128 + k * 32) / 16);
+            const uint64_t db = smem_desc_sw128_from_lo(desc_b0 + (s * Smem::kB + k * 32) / 16);
             WgmmaFp8<BLOCK_N>::mma(acc, da, db, k > 0 ? 1u : 0u);
           }
           wgmma_commit_group();
@@ -376,6 +388,9 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
         auto k_loop = [&](auto former_tag) {
           constexpr uint32_t kFormer = decltype(former_tag)::value;
           const uint32_t num_former = kFormer == kRuntimeFormer ? num_former_rt : kFormer;
+          // Unrolled twice: the next block's scale loads, barrier wait and
+          // descriptor arithmetic are scheduled into this block's promotion.
+          #pragma unroll 2
           for (uint32_t kb = 0; kb < kNumKBlocks; ++kb) {
             if (T::kSplitK && kb % 2 != warpgroup) {   // the other warpgroup's block
               if (++stage == kNumStages) stage = 0, phase ^= 1;

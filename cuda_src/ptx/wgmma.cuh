@@ -25,6 +25,17 @@ __device__ __forceinline__ uint64_t make_smem_desc_sw128(const void* smem_ptr) {
   return desc;
 }
 
+// The descriptor split into its variable low word (start address >> 4, to
+// which a caller adds byte offsets / 16) and its constant high word (1024-byte
+// stride, 128B swizzle), so only 32 bits stay live across a loop.
+__device__ __forceinline__ uint32_t smem_desc_sw128_lo(const void* smem_ptr) {
+  return static_cast<uint32_t>(make_smem_desc_sw128(smem_ptr));
+}
+__device__ __forceinline__ uint64_t smem_desc_sw128_from_lo(uint32_t lo) {
+  constexpr uint64_t kHi = (static_cast<uint64_t>(1024 >> 4) << 32) | (1ull << 62);
+  return kHi | lo;
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit_group() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 

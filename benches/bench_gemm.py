@@ -54,6 +54,10 @@ CONTIGUOUS = ((4, 8192, 4096, 7168), (4, 8192, 7168, 2048),
 MASKED = ((1, 1024, 4096, 7168), (1, 1024, 7168, 2048), (2, 512, 4096, 7168),
           (2, 512, 7168, 2048), (4, 256, 4096, 7168), (4, 256, 7168, 2048))
 
+#: Decode-sized masked GEMMs (expected_m <= 64 rows per expert: issue 5's
+#: "bandwidth-bound at >= 75 % of copy" case; no DeepGEMM anchor).
+MASKED_DECODE = ((16, 64, 4096, 7168), (16, 64, 7168, 2048), (32, 32, 4096, 7168))
+
 #: DeepGEMM v2.6.1 on an H200, TFLOPS (docs/benchmarks.md, anchor 1),
 #: keyed by (kind, G, M, N, K) with M per group for grouped kinds.
 _DG_NORMAL = {64: (194, 294, 239, 373, 278, 236),
@@ -80,7 +84,7 @@ def bench_shapes(kinds, quick: bool, m1: bool) -> list[Shape]:
         ms = ((1,) if m1 else ()) + NORMAL_MS
         normal = [Shape("normal", m, n, k) for m in ms for n, k in DEEPSEEK_NK]
         contiguous = [Shape("contiguous", m, n, k, g) for g, m, n, k in CONTIGUOUS]
-        masked = [Shape("masked", m, n, k, g) for g, m, n, k in MASKED]
+        masked = [Shape("masked", m, n, k, g) for g, m, n, k in MASKED + MASKED_DECODE]
     table = {"normal": normal, "contiguous": contiguous, "masked": masked}
     return [s for kind in kinds for s in table[kind]]
 

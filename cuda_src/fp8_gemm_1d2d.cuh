@@ -139,6 +139,12 @@ struct GemmTraits {
   static constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, BLOCK_K);
   static constexpr uint32_t kNumSFBRows = ceil_div(SHAPE_N, 128u);   // 128-row blocks of B per group
   static constexpr uint32_t kNumAccum = BLOCK_N / 2;                   // f32 per thread per 64xBLOCK_N
+  // K-loop unroll factor: 4 for the large tiles with at most two B-scale
+  // boundary variants (256x128, 128x192: +1-3 % over 2 at M = 4096), 2
+  // elsewhere (4 made the 8-variant 256x112 masked kernel 13 % slower and
+  // the small tiles 0-3 % slower); benches/RESULTS.md, v0.4.
+  static constexpr uint32_t kKLoopUnroll =
+      (BLOCK_M * BLOCK_N >= 128 * 192 && num_former_variants<BLOCK_N>() <= 2) ? 4 : 2;
   static constexpr uint32_t kDCols = kSwizzleDBytes ? kSwizzleDBytes / 2 : BLOCK_N;  // columns per TMA store
   static constexpr uint32_t kDRowBytes = kDCols * 2;
   static constexpr uint32_t kNumDStores = BLOCK_N / kDCols;
@@ -388,9 +394,10 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
         auto k_loop = [&](auto former_tag) {
           constexpr uint32_t kFormer = decltype(former_tag)::value;
           const uint32_t num_former = kFormer == kRuntimeFormer ? num_former_rt : kFormer;
-          // Unrolled twice: the next block's scale loads, barrier wait and
-          // descriptor arithmetic are scheduled into this block's promotion.
-          #pragma unroll 2
+          // Unrolled (kKLoopUnroll): the next block's scale loads, barrier
+          // wait and descriptor arithmetic are scheduled into this block's
+          // promotion.
+          #pragma unroll (T::kKLoopUnroll)
           for (uint32_t kb = 0; kb < kNumKBlocks; ++kb) {
             if (T::kSplitK && kb % 2 != warpgroup) {   // the other warpgroup's block
               if (++stage == kNumStages) stage = 0, phase ^= 1;

@@ -101,7 +101,11 @@ def kernel_times(fns, *, reps: int, flush) -> Timing | None:
     torch, _ = load_torch()
     if torch is None or flush is None:
         return None
+    import warnings
+
     from torch.profiler import ProfilerActivity, profile
+    # torch warns once that a profiler "clears events at the end of each cycle"; harmless here.
+    warnings.filterwarnings("ignore", message=".*Profiler clears events", category=UserWarning)
 
     def gpu_events(prof):
         out = []

@@ -77,7 +77,8 @@ def main(argv=None) -> int:
         res = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
         bad = res.returncode != 0
         failed += bad
-        last = (res.stderr.strip().splitlines() or [""])[-1][:160]
+        errors = [ln for ln in res.stderr.splitlines() if "Error" in ln]
+        last = (errors or res.stderr.strip().splitlines() or [""])[0][:160]
         print(f"run {i + 1}: {'FAILED: ' + last if bad else 'ok'}", flush=True)
     print(f"{args.tile}: {failed} of {args.runs} runs failed")
     return 0

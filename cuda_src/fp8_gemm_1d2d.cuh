@@ -163,6 +163,13 @@ struct GemmTraits {
   static_assert(BLOCK_N % kDCols == 0, "the D swizzle width must divide BLOCK_N");
   static_assert(kNumMulticast == 1 || kNumMulticast == 2, "clusters of 1 or 2 CTAs");
   static_assert(kNumStages >= 2 && kNumStages <= 16, "2..16 pipeline stages");
+  // Split K: K block j uses stage j % kNumStages and only its warpgroup
+  // (j % 2) waits on it, by phase parity.  An odd stage count hands a stage to
+  // the other warpgroup every lap, and a parity wait cannot tell "my block
+  // landed" from "the other warpgroup's previous block has not landed yet":
+  // the warpgroup then reads a stale stage and releases it early
+  // (cugemm8/_config.py _stages_ok; benches/RESULTS.md v0.4).
+  static_assert(!kSplitK || kNumStages % 2 == 0, "split K (BLOCK_M = 64) needs an even stage count");
   static_assert(Smem::kTotal <= 232448, "shared memory exceeds the sm_90 opt-in limit (232,448 B)");
   static_assert(kGemmType <= kGroupedMasked, "unknown GEMM type");
 };
@@ -232,12 +239,33 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
   Scheduler scheduler(shape_m, grouped_layout, blockIdx.x / kNumMulticast, gridDim.x / kNumMulticast, rank);
   typename Scheduler::Tile tile;
 
-  // Which B group a tile reads, and whether its MMA is skipped (contiguous
-  // layout: padding blocks, marked -1, and blocks with an invalid expert id).
-  auto resolve = [&](const typename Scheduler::Tile& t, int32_t& b_group, bool& skip) {
+  // Which B group a tile reads; whether its MMA is skipped (contiguous
+  // layout: padding blocks, marked -1, and blocks with an invalid expert id);
+  // whether the tile is absent (nothing to do at all); and which 128-row
+  // blocks of the tile it stores (bit b: rows [128 b, 128 b + 128)).  With
+  // BLOCK_M = 256 the contiguous layout runs two passes (scheduler.cuh): pass
+  // 0 takes the first block's expert and stores every block that has it;
+  // pass 1 is absent unless the second block's expert differs, and then
+  // takes that expert and stores the second block.
+  auto resolve = [&](const typename Scheduler::Tile& t, int32_t& b_group, bool& skip, bool& absent,
+                     uint32_t& stores) {
+    absent = false;
+    stores = 0x3u;
     if constexpr (kGemmType == kGroupedContiguous) {
       const uint32_t row0 = t.m_block * BLOCK_M;
       b_group = row0 < shape_m ? __ldg(grouped_layout + row0) : -1;
+      if constexpr (Scheduler::kMPasses == 2) {
+        const uint32_t row1 = row0 + 128;
+        const int32_t e1 = row1 < shape_m ? __ldg(grouped_layout + row1) : b_group;
+        const bool same = e1 == b_group;
+        if (t.pass == 0) {
+          stores = same ? 0x3u : 0x1u;
+        } else {
+          absent = same;
+          stores = 0x2u;
+          b_group = e1;
+        }
+      }
       skip = b_group < 0 || b_group >= static_cast<int32_t>(kNumGroups);
     } else if constexpr (kGemmType == kGroupedMasked) {
       b_group = static_cast<int32_t>(t.group);
@@ -255,9 +283,10 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
       uint32_t stage = 0, phase = 0;
       while (scheduler.next(tile)) {
         int32_t b_group;
-        bool skip;
-        resolve(tile, b_group, skip);
-        if (skip) continue;
+        bool skip, absent;
+        uint32_t stores;
+        resolve(tile, b_group, skip, absent, stores);
+        if (skip || absent) continue;
         const int32_t a_row = static_cast<int32_t>(tile.m_block * BLOCK_M);
         const int32_t a_group = kGemmType == kGroupedMasked ? static_cast<int32_t>(tile.group) : 0;
         const int32_t b_row = static_cast<int32_t>(tile.n_block * BLOCK_N);
@@ -313,8 +342,10 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
 
     while (scheduler.next(tile)) {
       int32_t b_group;
-      bool skip;
-      resolve(tile, b_group, skip);
+      bool skip, absent;
+      uint32_t stores;
+      resolve(tile, b_group, skip, absent, stores);
+      if (absent) continue;
 
       #pragma unroll
       for (uint32_t v = 0; v < kWaves; ++v) {
@@ -458,7 +489,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
       #pragma unroll
       for (uint32_t v = 0; v < kWaves; ++v) {
         const uint32_t slab = m0 + row_off(v);
-        const bool any = !tile.phantom && slab < tile.valid_m;
+        const bool any = !tile.phantom && slab < tile.valid_m && ((stores >> (row_off(v) / 128)) & 1u);
         // A masked group's rows in [masked_m, m_max) must stay untouched, which a
         // 64-row TMA box cannot express: such slabs are stored row by row.
         const bool partial = kGemmType == kGroupedMasked && slab + 64 > tile.valid_m;

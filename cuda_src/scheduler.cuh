@@ -10,6 +10,14 @@
 // (TMA fills zeros out of bounds) and computes, so both CTAs walk their
 // pipelines in lockstep, but it stores nothing.
 //
+// Contiguous grouped GEMMs with BLOCK_M = 256 run in two passes (kMPasses):
+// a 256-row tile spans two 128-row expert blocks, which may belong to two
+// experts.  Every tile of pass 0 comes first, then every tile of pass 1 (the
+// kernel finds a pass-1 tile absent unless its second block has another
+// expert), so pass 0 is spread over the CTAs exactly like a normal GEMM and
+// pass 1 only adds a short tail at expert boundaries that are odd multiples
+// of 128 rows.
+//
 // Cluster tiles are rasterised in bands of kBandN cluster-columns: within a
 // band the index walks N fastest, so one wave of CTAs touches a few A row-panels
 // and at most kBandN B column-panels, which stay L2-resident (the CUTLASS /
@@ -29,6 +37,7 @@ struct TileScheduler {
   static constexpr uint32_t kPairM = (kNumMulticast == 2 && !kMulticastOnA) ? 2 : 1;
   static constexpr uint32_t kNumClusterN = ceil_div(kNumNBlocks, kPairN);
   static constexpr uint32_t kBandN = 16;
+  static constexpr uint32_t kMPasses = (kGemmType == kGroupedContiguous && BLOCK_M == 256) ? 2 : 1;
   static_assert(kGemmType != kGroupedMasked || kPairM == 1, "masked GEMMs multicast A only");
   static_assert(kGemmType != kGroupedContiguous || kPairM == 1, "contiguous GEMMs multicast A only");
 
@@ -37,6 +46,7 @@ struct TileScheduler {
     uint32_t n_block;
     uint32_t group;     // masked: group index; otherwise 0
     uint32_t valid_m;   // rows of this group that are valid (shape_m, or min(masked_m, m_max))
+    uint32_t pass;      // contiguous with BLOCK_M = 256: 0 or 1 (see above); otherwise 0
     bool phantom;       // outside the matrix: compute but never store
   };
 
@@ -70,8 +80,9 @@ struct TileScheduler {
   }
 
   __device__ __forceinline__ bool next(Tile& t) {
-    const uint32_t ct = cluster_id + (iter++) * num_clusters;
+    uint32_t ct = cluster_id + (iter++) * num_clusters;
     uint32_t mc, nc;
+    t.pass = 0;
     if constexpr (kGemmType == kGroupedMasked) {
       while (true) {
         if (group >= kNumGroups) return false;
@@ -87,6 +98,12 @@ struct TileScheduler {
       t.valid_m = group_valid_m;
       num_m_blocks = ceil_div(group_valid_m, BLOCK_M);
     } else {
+      if constexpr (kMPasses == 2) {
+        const uint32_t per_pass = num_cluster_m * kNumClusterN;
+        if (ct >= 2 * per_pass) return false;
+        t.pass = ct >= per_pass ? 1u : 0u;
+        ct -= t.pass * per_pass;
+      }
       if (ct >= num_cluster_m * kNumClusterN) return false;
       const uint32_t band = ct / (kBandN * num_cluster_m);
       const uint32_t band_start = band * kBandN;

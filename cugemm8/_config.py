@@ -18,8 +18,12 @@ Hard constraints (checked by :func:`is_legal`; the kernel static-asserts them)
 - Registers: ``(waves + 1) * block_n / 2 <= 192`` FP32 values per math thread,
   so ``block_m`` = 256 needs ``block_n <= 128`` and otherwise ``block_n <= 192``.
 - Shared memory (:func:`smem_size`) ``<= smem_limit``; 3 to 16 stages, and at
-  least 4 unless ``block_m * block_n >= 128 * 192`` (DeepGEMM's newest rule).
-- ``contiguous``: ``block_m`` divides 128 (the per-expert row alignment).
+  least 4 unless ``block_m * block_n >= 128 * 192`` (DeepGEMM's newest rule);
+  an even count with ``block_m`` = 64 (split K, see :func:`_stages_ok`).
+- ``contiguous``: any ``block_m``.  The expert of each 128-row block (the
+  per-expert row alignment) is read from ``m_indices``; with ``block_m`` =
+  256 a tile spans two blocks and runs in two passes, the second only where
+  the two blocks belong to different experts (kernel: scheduler.cuh).
 - Multicast (cluster of 2): on A for every kind, on B for ``normal`` only; the
   grid is then even.  An unpaired tile of a cluster runs as a phantom.
 - Grid = min(available SMs (even when multicasting), tiles incl. phantoms).
@@ -28,14 +32,14 @@ Hard constraints (checked by :func:`is_legal`; the kernel static-asserts them)
 
 Candidates
 ----------
-``block_m`` in (64, 128, 256) ((64, 128) for ``contiguous``) x ``block_n`` in
+``block_m`` in (64, 128, 256) x ``block_n`` in
 :data:`BLOCK_N_CANDIDATES` = 8, 16, 24, ..., 128 (every multiple of 8: narrow
 and "unaligned" tiles such as 16, 56 and 112 are what fills 132 SMs at small
 M), then 144, 160, 192 (above 128 only multiples of 16 that pass the straddle
 rule; 136 is legal but left out, having no D swizzle; 256 passes the
-straddle rule but never the register rule), less :data:`EXCLUDED_TILES`
-(64x160: an unexplained intermittent launch failure, see there) x multicast
-in (none, on A, on B).  Stages: the largest count that fits, capped at 16.
+straddle rule but never the register rule) x multicast in (none, on A, on
+B).  Stages: the largest count that fits, capped at 16 (and even with
+``block_m`` = 64).
 
 Cost model
 ----------
@@ -130,7 +134,7 @@ import operator
 
 __all__ = [
     "KINDS", "BLOCK_K", "SMEM_LIMIT", "MAX_STAGES", "BLOCK_M_CANDIDATES",
-    "BLOCK_N_CANDIDATES", "EXCLUDED_TILES", "GemmConfig", "select_config", "ranked_configs",
+    "BLOCK_N_CANDIDATES", "GemmConfig", "select_config", "ranked_configs",
     "smem_size", "max_stages", "candidate_block_ms", "candidate_block_ns",
     "swizzle_d_bytes", "is_legal", "make_config", "tile_counts", "max_k",
     "format_table", "BENCHMARK_CASES",
@@ -144,14 +148,7 @@ MIN_STAGES = 3
 REGISTER_LIMIT = 192         # FP32 accumulator registers per math thread
 BLOCK_M_CANDIDATES = (64, 128, 256)
 BLOCK_N_CANDIDATES = tuple(range(8, 129, 8)) + (144, 160, 192)
-#: Tiles the heuristic never picks although legal.  64x160 (split K, 64-byte
-#: D swizzle): an intermittent "unspecified launch failure" on the H200, about
-#: one launch in 20 at 64x36864x7168 on 124 SMs after other kernels ran, with
-#: the v0.3 kernel as with v0.4; not reproduced under compute-sanitizer
-#: (memcheck, racecheck: clean) and not seen with 64x144 / 64x64 in ~300 launches
-#: of the same sequence.  Cause not found yet: tools/repro_tile_flake.py reproduces it
-#: (benches/RESULTS.md, v0.4).  Forced configurations can still use it.
-EXCLUDED_TILES = frozenset({(64, 160)})
+
 
 # Cost-model constants (SM cycles, bytes); see the module docstring.
 L2_BYTES_PER_CYCLE = 8e6 / 1300     # whole-chip L2 -> SM bandwidth
@@ -218,12 +215,30 @@ def _min_stages(block_m: int, block_n: int) -> int:
 
 
 def max_stages(block_m: int, block_n: int, k: int, smem_limit: int = SMEM_LIMIT) -> int:
-    """Largest stage count (capped at 16) whose :func:`smem_size` fits, or 0
-    when fewer than the minimum (3, or 4 for tiles under 128x192) fit."""
+    """Largest stage count (capped at 16) whose :func:`smem_size` fits, even
+    for ``block_m`` = 64 (:func:`_stages_ok`), or 0 when fewer than the
+    minimum (3, or 4 for tiles under 128x192) fit."""
     fixed = smem_size(block_m, block_n, 0, k)
     per_stage = smem_size(block_m, block_n, 1, k) - fixed
     stages = min(MAX_STAGES, max(0, smem_limit - fixed) // per_stage)
+    if block_m == 64:
+        stages -= stages % 2
     return stages if stages >= _min_stages(block_m, block_n) else 0
+
+
+def _stages_ok(block_m: int, num_stages: int) -> bool:
+    """With ``block_m`` = 64 the two math warpgroups split K (even / odd K
+    blocks) and each waits only on its own blocks' full barriers, by phase
+    parity.  K block j uses stage j mod S: with S odd a stage alternates
+    between the warpgroups lap by lap, and a warpgroup waiting for block j
+    cannot tell "block j landed" from "block j - S (the other warpgroup's)
+    has not landed yet" (same parity, two phases apart).  TMA loads land out
+    of order, so it then read a stale stage and released it early: the
+    intermittent launch failures (and, in principle, wrong values) of the
+    v0.3 / v0.4 64x160 s5 kernel (benches/RESULTS.md, v0.4).  With S even
+    each stage belongs to one warpgroup, which waits on every one of its
+    phases in order.  The kernel static-asserts the same rule."""
+    return block_m != 64 or num_stages % 2 == 0
 
 
 def num_math_warpgroups(block_m: int) -> int:
@@ -261,9 +276,12 @@ def _registers_ok(block_m: int, block_n: int) -> bool:
 
 
 def candidate_block_ms(kind: str) -> tuple[int, ...]:
-    """BLOCK_M candidates: (64, 128, 256); (64, 128) for ``contiguous``."""
+    """BLOCK_M candidates: (64, 128, 256) for every kind (``contiguous``
+    with 256 runs a second pass over tiles that straddle two experts; the
+    cost model ignores that pass: at most one extra tile per expert boundary
+    at an odd multiple of 128 rows)."""
     _check_kind(kind)
-    return tuple(bm for bm in BLOCK_M_CANDIDATES if kind != "contiguous" or 128 % bm == 0)
+    return BLOCK_M_CANDIDATES
 
 
 def candidate_block_ns(block_m: int | None = None) -> tuple[int, ...]:
@@ -274,8 +292,7 @@ def candidate_block_ns(block_m: int | None = None) -> tuple[int, ...]:
         return BLOCK_N_CANDIDATES
     if block_m not in BLOCK_M_CANDIDATES:
         raise ValueError(f"block_m must be one of {BLOCK_M_CANDIDATES}, got {block_m!r}")
-    return tuple(bn for bn in BLOCK_N_CANDIDATES
-                 if _registers_ok(block_m, bn) and (block_m, bn) not in EXCLUDED_TILES)
+    return tuple(bn for bn in BLOCK_N_CANDIDATES if _registers_ok(block_m, bn))
 
 
 # ---------------------------------------------------------------------------
@@ -351,8 +368,6 @@ def is_legal(config: GemmConfig | None = None, *, k: int | None = None,
         return False, f"block_k must be {BLOCK_K}, got {c.block_k}"
     if bm not in BLOCK_M_CANDIDATES:
         return False, f"block_m must be one of {BLOCK_M_CANDIDATES}, got {bm}"
-    if c.kind == "contiguous" and 128 % bm != 0:
-        return False, f"contiguous needs block_m dividing 128, got {bm}"
     if c.num_math_warpgroups != num_math_warpgroups(bm):
         return False, (f"num_math_warpgroups must be {num_math_warpgroups(bm)} for "
                        f"block_m {bm}, got {c.num_math_warpgroups}")
@@ -367,6 +382,9 @@ def is_legal(config: GemmConfig | None = None, *, k: int | None = None,
         return False, f"num_stages must be in [{MIN_STAGES}, {MAX_STAGES}], got {c.num_stages}"
     if c.num_stages < _min_stages(bm, bn):
         return False, f"{bm}x{bn} needs at least {_min_stages(bm, bn)} stages, got {c.num_stages}"
+    if not _stages_ok(bm, c.num_stages):
+        return False, (f"block_m 64 (split K) needs an even stage count, got {c.num_stages}: "
+                       f"each math warpgroup must own its stages")
     if k is not None and c.smem_bytes != smem_size(bm, bn, c.num_stages, k):
         return False, (f"smem_bytes {c.smem_bytes} != smem_size(...) = "
                        f"{smem_size(bm, bn, c.num_stages, k)} for k={k}")

@@ -35,8 +35,8 @@ def check_choice(cfg: GemmConfig, kind, g, m, n, k, num_sms=132, smem_limit=SMEM
     bm, bn = cfg.block_m, cfg.block_n
     assert cfg.kind == kind and cfg.block_k == 128
     assert bm in (64, 128, 256)
-    if kind == "contiguous":
-        assert 128 % bm == 0
+    if bm == 64:
+        assert cfg.num_stages % 2 == 0     # split K: each warpgroup owns its stages
     assert cfg.num_math_warpgroups == 2    # block_m == 64 splits K between the two
     waves = bm // (64 * cfg.num_math_warpgroups)
     assert bn % 8 == 0 and 8 <= bn <= 256
@@ -47,7 +47,8 @@ def check_choice(cfg: GemmConfig, kind, g, m, n, k, num_sms=132, smem_limit=SMEM
     if bm * bn < 128 * 192:
         assert cfg.num_stages >= 4
     # the deepest pipeline that fits
-    assert cfg.num_stages == 16 or smem_size(bm, bn, cfg.num_stages + 1, k) > smem_limit
+    step = 2 if bm == 64 else 1          # split K: the next legal count is two more
+    assert cfg.num_stages >= 15 or smem_size(bm, bn, cfg.num_stages + step, k) > smem_limit
     assert cfg.num_multicast in (1, 2)
     if cfg.num_multicast == 1:
         assert cfg.multicast_on_a is False
@@ -164,10 +165,11 @@ def test_square_4096_is_256x128_multicast():
 
 
 @pytest.mark.parametrize("kind,g,m,n,k", [c for c in BENCHMARK_CASES if c[0] == "contiguous"])
-def test_contiguous_is_128x192_multicast_a(kind, g, m, n, k):
-    # DeepGEMM's H200 choice for all four contiguous shapes.
+def test_contiguous_takes_the_normal_gemms_256x128(kind, g, m, n, k):
+    # Since v0.4 the contiguous layout may use BLOCK_M = 256 (two passes over
+    # tiles that straddle two experts), the normal GEMM's tile at M = 4096+.
     cfg = select_config(kind, m, n, k, num_groups=g)
-    assert (cfg.block_m, cfg.block_n, cfg.num_stages) == (128, 192, 4)
+    assert (cfg.block_m, cfg.block_n, cfg.num_stages) == (256, 128, 3)
     assert cfg.num_multicast == (2 if cfgmod.MULTICAST_ENABLED else 1)
 
 
@@ -264,7 +266,10 @@ def test_pick_is_near_the_fastest_measured(shape):
 
 def test_most_picks_within_3_percent():
     regrets = [us / best - 1 for pick, us, best in map(_sweep_pick, SWEEP_SHAPES) if us is not None]
-    assert len(regrets) >= 0.9 * len(SWEEP_SHAPES)
+    # Not measured by the v0.3 sweep: the 4 contiguous shapes (their pick,
+    # 256x128, came in v0.4) and BLOCK_M = 64 picks whose stage count became
+    # even in v0.4.
+    assert len(regrets) >= 0.75 * len(SWEEP_SHAPES)
     assert sum(r <= 0.03 for r in regrets) >= 0.9 * len(regrets), sorted(regrets)
 
 
@@ -286,7 +291,7 @@ def test_smem_size_formula():
     assert max_stages(128, 112, 7168) == 6
     assert max_stages(256, 128, 7168) == 3
     assert max_stages(64, 16, 7168) == 16
-    assert max_stages(64, 112, 16384) == 7      # DeepGEMM: 8 (our per-warp B-scale copies take 8 KB)
+    assert max_stages(64, 112, 16384) == 6      # DeepGEMM: 8 (per-warp B-scale copies; split K: even)
     assert max_stages(128, 192, 1536) == 4
     assert max_stages(64, 64, 7168) == 12
 
@@ -316,7 +321,7 @@ def test_swizzle():
 
 @pytest.mark.parametrize("fields,reason", [
     (dict(block_m=96), "block_m"),
-    (dict(block_m=256, kind="contiguous"), "divid"),
+    (dict(block_m=64, block_n=64, num_stages=5), "even"),
     (dict(block_n=152), "straddle"),
     (dict(block_n=176), "straddle"),
     (dict(block_n=12), "multiple of 8"),

@@ -68,7 +68,29 @@ def test_contiguous_sweep(cp, sizes, n, k, seed):
     check_contiguous(cp, np.random.default_rng(seed), sizes, n, k)
 
 
-def test_contiguous_layout_violations_are_nan(cp):
+# Expert sizes whose boundaries fall at odd multiples of 128 rows, with
+# padding, empty experts and a 1-row expert: with BLOCK_M = 256 most tiles
+# straddle two experts (or an expert and padding) and need the second pass.
+STRADDLING_SIZES = [128, 384, 0, 200, 256, 1, 129, 640]
+CONTIGUOUS_FORCED = [(256, 128, 3, 1, False), (256, 112, 3, 1, False), (256, 128, 3, 2, True),
+                     (128, 64, 4, 1, False), (64, 32, 8, 1, False)]
+
+
+@pytest.mark.parametrize("bm,bn,stages,mc,on_a", CONTIGUOUS_FORCED)
+@pytest.mark.parametrize("num_sms", [132, 5])
+def test_contiguous_forced_configs(cp, bm, bn, stages, mc, on_a, num_sms):
+    n, k = 520, 1040
+    if mc == 2 and num_sms % 2:
+        num_sms -= 1
+    cfg = _config.make_config("contiguous", bm, bn, stages, k, num_multicast=mc, multicast_on_a=on_a,
+                              num_sms=num_sms)
+    assert _config.is_legal(cfg, k=k)[0]
+    with _gemm._forced_config(cfg):
+        check_contiguous(cp, np.random.default_rng(bm * bn + num_sms), STRADDLING_SIZES, n, k)
+
+
+@pytest.mark.parametrize("forced", [None, (256, 128, 3)])
+def test_contiguous_layout_violations_are_nan(cp, forced):
     rng = np.random.default_rng(1)
     n, k = 256, 256
     m_indices, _ = cugemm8.make_contiguous_layout([128, 128])
@@ -78,7 +100,9 @@ def test_contiguous_layout_violations_are_nan(cp):
     sfa = H.random_scales(cp, rng, (256, 2))
     b, sfb = expert_weights(cp, rng, 2, n, k)
     out = cp.empty((256, n), cp.dtype("bfloat16"))
-    cugemm8.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sfa), (b, sfb), out, m_indices)
+    cfg = None if forced is None else _config.make_config("contiguous", *forced, k, num_sms=132)
+    with _gemm._forced_config(cfg):
+        cugemm8.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sfa), (b, sfb), out, m_indices)
     f = out.astype(cp.float32)
     assert bool(cp.isnan(f[5]).all()) and bool(cp.isnan(f[130]).all())
     assert bool(cp.isfinite(f[:5]).all()) and bool(cp.isfinite(f[131:]).all())

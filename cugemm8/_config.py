@@ -106,6 +106,9 @@ C_TILE + BM*BN/64 is the per-tile B-scale load, syncs and D staging
   tile has the shorter chain, a wide one fewer duplicated bytes.  The picks
   are 64x16 for (64, 2112, 7168) (132 tiles) and 128x64 for
   (128, 7168, 16384) (112 tiles).
+- The contiguous layout with ``block_m`` = 256 pays C_TWO_PASS (1900
+  cycles) per tile for its second pass (fitted to two v0.4 measurements:
+  256x128 wins at K = 7168, 128x192 at K = 2048).
 - Multicast (on A for every kind, on B for ``normal``) costs MC_PENALTY (2%)
   for the lock-step of the two CTAs, and is only considered when the
   multicast candidate has more than one wave and there are at least
@@ -160,6 +163,7 @@ C_TILE = 400.0                      # per-tile B-scale load + epilogue syncs
 RUNTIME_SELECT = 1.25               # promotion with a run-time B-scale row select
 MAX_BOUNDARY_VARIANTS = 8           # the kernel's kMaxFormerVariants (fp8_gemm_1d2d.cuh)
 MC_PENALTY = 0.02                   # multicast lock-step overhead
+C_TWO_PASS = 1900.0                 # contiguous, BLOCK_M = 256: per tile (fitted, see _score)
 #: Whether select_config may choose TMA multicast.  Off.  The v0.1 sweep
 #: measured multicast 25-50 % slower than the same tile without it.  With the
 #: remote-arrival fence fixed, the v0.3 sweep (benches/results/sweep_v0.3.json)
@@ -511,6 +515,15 @@ def _score(kind, bm, bn, stages, mc, on_a, m, n, k, groups, grid) -> tuple[float
                  kb * stage_bytes / SM_BYTES_PER_CYCLE)
 
     t_tile = (t_compute ** OVERLAP_P + t_feed ** OVERLAP_P) ** (1 / OVERLAP_P) + C_TILE + bm * bn / 64
+    if kind == "contiguous" and bm == 256:
+        # The second pass: every tile has an (almost always absent) pass-1
+        # twin whose expert ids are read and skipped, and two experts to
+        # check.  Measured on the H200 (benches/RESULTS.md, v0.4), against the
+        # normal GEMM's 256x128 at the same M: +40 us over 54 tiles per CTA at
+        # K = 7168, +72 us at K = 2048; C_TWO_PASS (about 1.1 us) keeps
+        # 256x128 where it won (K = 7168: 1439 vs 1521 us for 128x192) and
+        # 128x192 where it won (K = 2048: 774 vs 797 us).
+        t_tile += C_TWO_PASS
     if mc == 2:
         t_tile *= 1 + MC_PENALTY
     return waves * t_tile, executed * bm * bn

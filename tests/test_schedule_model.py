@@ -1,0 +1,174 @@
+"""CPU model of the persistent tile scheduler and the per-tile decisions of
+the kernel (cuda_src/scheduler.cuh ``TileScheduler::next`` and
+fp8_gemm_1d2d.cuh ``resolve`` / the epilogue's slab mask), line for line, with
+hypothesis-drawn layouts:
+
+* every output tile is handed to exactly one CTA (bands, multicast pairs,
+  the contiguous layout's two passes with BLOCK_M = 256);
+* with the contiguous layout every 64-row slab of valid rows is stored by
+  exactly one (tile, pass), and that pass multiplies with the expert of the
+  slab's 128-row block (so no row is ever computed with another expert's B,
+  and padding / invalid blocks are still written);
+* the split-K stage-ownership rule behind ``_config._stages_ok``.
+
+A change to the C++ logic must be mirrored here (the functions name the
+lines they model).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings, strategies as st
+
+from cugemm8 import _config
+
+BAND_N = 16          # scheduler.cuh kBandN
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def schedule(kind, m, n, bm, bn, grid, mc=1, on_a=False):
+    """Yield (cta, m_block, n_block, pass, phantom) in each CTA's order
+    (TileScheduler::next for 'normal' and 'contiguous')."""
+    pair_n = 2 if mc == 2 and on_a else 1
+    pair_m = 2 if mc == 2 and not on_a else 1
+    num_n = _cdiv(n, bn)
+    cluster_n = _cdiv(num_n, pair_n)
+    num_m = _cdiv(m, bm)
+    cluster_m = _cdiv(num_m, pair_m)
+    passes = 2 if kind == "contiguous" and bm == 256 else 1
+    clusters = grid // mc
+    for cta in range(grid):
+        cluster_id, rank = cta // mc, cta % mc
+        it = 0
+        while True:
+            ct = cluster_id + it * clusters
+            it += 1
+            p = 0
+            if passes == 2:
+                per_pass = cluster_m * cluster_n
+                if ct >= 2 * per_pass:
+                    break
+                p = 1 if ct >= per_pass else 0
+                ct -= p * per_pass
+            if ct >= cluster_m * cluster_n:
+                break
+            band = ct // (BAND_N * cluster_m)
+            start = band * BAND_N
+            width = min(BAND_N, cluster_n - start)
+            in_band = ct - band * BAND_N * cluster_m
+            mcl, ncl = in_band // width, start + in_band % width
+            mb = mcl * pair_m + (rank if pair_m == 2 else 0)
+            nb = ncl * pair_n + (rank if pair_n == 2 else 0)
+            yield cta, mb, nb, p, (mb >= num_m or nb >= num_n)
+
+
+def resolve(m_indices, m_block, p, bm, groups):
+    """(b_group, skip, absent, stores) of a contiguous tile (kernel ``resolve``)."""
+    m = len(m_indices)
+    row0 = m_block * bm
+    b_group = int(m_indices[row0]) if row0 < m else -1
+    absent, stores = False, 0b11
+    if bm == 256:
+        row1 = row0 + 128
+        e1 = int(m_indices[row1]) if row1 < m else b_group
+        same = e1 == b_group
+        if p == 0:
+            stores = 0b11 if same else 0b01
+        else:
+            absent, stores, b_group = same, 0b10, e1
+    skip = b_group < 0 or b_group >= groups
+    return b_group, skip, absent, stores
+
+
+def row_offsets(bm):
+    """Row offset of each 64-row slab a tile stores (row_off(v) for both warpgroups)."""
+    if bm == 64:
+        return [0]
+    return [v * 128 + wg * 64 for v in range(bm // 128 or 1) for wg in range(2)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(1, 3000), n=st.integers(8, 2000), bm=st.sampled_from([64, 128, 256]),
+       bn=st.sampled_from([16, 64, 112, 128, 160]), grid=st.integers(1, 140),
+       mc=st.sampled_from([(1, False), (2, True), (2, False)]))
+def test_every_tile_exactly_once(m, n, bm, bn, grid, mc):
+    mc, on_a = mc
+    grid = max(mc, grid - grid % mc)
+    seen = {}
+    for cta, mb, nb, p, phantom in schedule("normal", m, n, bm, bn, grid, mc, on_a):
+        if not phantom:
+            seen[(mb, nb)] = seen.get((mb, nb), 0) + 1
+    assert set(seen) == {(i, j) for i in range(_cdiv(m, bm)) for j in range(_cdiv(n, bn))}
+    assert set(seen.values()) == {1}
+
+
+def _layout(draw_sizes, bad_block):
+    """m_indices from per-expert sizes (each expert padded to 128 rows)."""
+    rows = []
+    for e, size in enumerate(draw_sizes):
+        rows += [e] * size + [-1] * ((-size) % 128)
+    idx = np.array(rows, dtype=np.int64)
+    if bad_block is not None and len(idx) >= 128:
+        blk = bad_block % (len(idx) // 128)
+        idx[blk * 128: blk * 128 + 128] = len(draw_sizes) + 3       # an invalid expert id
+    return idx
+
+
+@settings(max_examples=80, deadline=None)
+@given(sizes=st.lists(st.sampled_from([0, 1, 100, 128, 129, 256, 300, 384, 640]), min_size=1, max_size=9),
+       bm=st.sampled_from([64, 128, 256]), bn=st.sampled_from([64, 128]), grid=st.integers(1, 50),
+       tail=st.integers(0, 127), bad=st.one_of(st.none(), st.integers(0, 1000)),
+       multicast_a=st.booleans())
+@example(sizes=[128, 384, 0, 200, 256, 1, 129, 640], bm=256, bn=128, grid=7, tail=0, bad=None,
+         multicast_a=False)           # tests/test_grouped_gpu.py STRADDLING_SIZES
+@example(sizes=[128, 384, 0, 200, 256, 1, 129, 640], bm=256, bn=64, grid=8, tail=30, bad=3,
+         multicast_a=True)
+def test_contiguous_slabs_stored_once_with_their_blocks_expert(sizes, bm, bn, grid, tail, bad,
+                                                               multicast_a):
+    idx = _layout(sizes, bad)
+    if len(idx) == 0:
+        return
+    idx = idx[: len(idx) - min(tail, len(idx) - 1)]       # m_sum need not be a multiple of 128
+    m, n, g = len(idx), 300, len(sizes)
+    stored = {}
+    mc = 2 if multicast_a else 1                 # the contiguous layout multicasts A only
+    grid = max(mc, grid - grid % mc)
+    for cta, mb, nb, p, phantom in schedule("contiguous", m, n, bm, bn, grid, mc, multicast_a):
+        b_group, skip, absent, stores = resolve(idx, mb, p, bm, g)
+        if absent or phantom:
+            continue
+        for off in row_offsets(bm):
+            slab = mb * bm + off
+            if slab >= m or not (stores >> (off // 128)) & 1:
+                continue
+            # The pass that stores a slab multiplies with the expert of every
+            # row in it that is not padding (-1): no row is ever computed with
+            # another expert's B.  (Padding follows an expert's rows inside its
+            # 128-row block, so a 64-row tile may be all padding: expert -1,
+            # skipped, stored as zeros.)
+            experts = {int(e) for e in idx[slab: slab + 64]} - {-1}
+            assert experts <= {b_group}, (mb, p, off, b_group, experts)
+            assert skip == (b_group < 0 or b_group >= g)
+            stored[(slab, nb)] = stored.get((slab, nb), 0) + 1
+    want = {(s, j) for s in range(0, m, 64) for j in range(_cdiv(n, bn))}
+    assert set(stored) == want
+    assert set(stored.values()) == {1}
+
+
+@pytest.mark.parametrize("stages", range(2, 17))
+def test_split_k_stage_ownership(stages):
+    # K block j -> stage j % S, consumed (and waited for) by warpgroup j % 2.
+    owners = {}
+    for j in range(4 * stages):
+        owners.setdefault(j % stages, set()).add(j % 2)
+    one_owner = all(len(o) == 1 for o in owners.values())
+    assert one_owner == (stages % 2 == 0)
+    assert _config._stages_ok(64, stages) == one_owner
+    assert _config._stages_ok(128, stages) and _config._stages_ok(256, stages)
+    if 4 <= stages <= _config.max_stages(64, 16, 2048):
+        ok, why = _config.is_legal(_config.make_config("normal", 64, 16, stages, 2048, num_sms=132), k=2048)
+        assert ok == one_owner and (ok or "even" in why), why
+    assert all(_config.max_stages(64, bn, k) % 2 == 0 for bn in (8, 64, 160) for k in (512, 7168, 16384))

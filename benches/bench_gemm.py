@@ -379,7 +379,7 @@ def plot_results(meta: dict, rows: list[dict], path: str) -> None:
 
 def _commit() -> str:
     try:
-        return subprocess.run(["git", "-C", str(_HERE), "rev-parse", "--short", "HEAD"],
+        return subprocess.run(["git", "-C", str(_HERE), "describe", "--always", "--dirty"],
                               capture_output=True, text=True, timeout=5).stdout.strip() or "?"
     except Exception:
         return "?"

@@ -163,12 +163,18 @@ struct GemmTraits {
   static_assert(BLOCK_N % kDCols == 0, "the D swizzle width must divide BLOCK_N");
   static_assert(kNumMulticast == 1 || kNumMulticast == 2, "clusters of 1 or 2 CTAs");
   static_assert(kNumStages >= 2 && kNumStages <= 16, "2..16 pipeline stages");
-  // Split K: K block j uses stage j % kNumStages and only its warpgroup
-  // (j % 2) waits on it, by phase parity.  An odd stage count hands a stage to
-  // the other warpgroup every lap, and a parity wait cannot tell "my block
-  // landed" from "the other warpgroup's previous block has not landed yet":
+  // Split K: the tile's K block kb is consumed (and waited for, by phase
+  // parity) only by warpgroup kb % 2, in the stage that follows the previous
+  // block's.  An odd stage count hands a stage to the other warpgroup every
+  // lap within a tile, and a parity wait cannot tell "my block landed" from
+  // "the other warpgroup's previous block in this stage has not landed yet":
   // the warpgroup then reads a stale stage and releases it early
-  // (cugemm8/_config.py _stages_ok; benches/RESULTS.md v0.4).
+  // (cugemm8/_config.py _stages_ok; benches/RESULTS.md v0.4).  Between
+  // tiles the owner of a stage may still change (kb restarts at 0; with an
+  // odd number of K blocks the parity flips): that is safe only because the
+  // split-K reduction's two named barriers make both warpgroups finish every
+  // block of a tile before either waits on the next tile's
+  // (tests/test_schedule_model.py models both rules).
   static_assert(!kSplitK || kNumStages % 2 == 0, "split K (BLOCK_M = 64) needs an even stage count");
   static_assert(Smem::kTotal <= 232448, "shared memory exceeds the sm_90 opt-in limit (232,448 B)");
   static_assert(kGemmType <= kGroupedMasked, "unknown GEMM type");

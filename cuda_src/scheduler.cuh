@@ -15,8 +15,9 @@
 // experts.  Every tile of pass 0 comes first, then every tile of pass 1 (the
 // kernel finds a pass-1 tile absent unless its second block has another
 // expert), so pass 0 is spread over the CTAs exactly like a normal GEMM and
-// pass 1 only adds a short tail at expert boundaries that are odd multiples
-// of 128 rows.
+// pass 1 adds one full row of tiles for every expert boundary at an odd
+// multiple of 128 rows (about half the boundaries: the heuristic charges it,
+// and with many small experts prefers BLOCK_M <= 128).
 //
 // Cluster tiles are rasterised in bands of kBandN cluster-columns: within a
 // band the index walks N fastest, so one wave of CTAs touches a few A row-panels

@@ -106,9 +106,14 @@ C_TILE + BM*BN/64 is the per-tile B-scale load, syncs and D staging
   tile has the shorter chain, a wide one fewer duplicated bytes.  The picks
   are 64x16 for (64, 2112, 7168) (132 tiles) and 128x64 for
   (128, 7168, 16384) (112 tiles).
-- The contiguous layout with ``block_m`` = 256 pays C_TWO_PASS (1900
-  cycles) per tile for its second pass (fitted to two v0.4 measurements:
-  256x128 wins at K = 7168, 128x192 at K = 2048).
+- The contiguous layout with ``block_m`` = 256 runs the 256-row tiles that
+  straddle two experts twice: the model adds half of min(experts - 1,
+  m-tiles) tile rows (a boundary lands at an odd multiple of 128 rows half
+  the time), and C_TWO_PASS (2300 cycles, measured: about 1.3 us) per tile
+  for reading two expert ids and skipping the absent pass-1 twin.  So
+  256x128 wins at K = 7168 with a few large experts (1439 vs 1521 us for
+  128x192 on the H200), 128x192 at K = 2048 (774 vs 797 us) and with many
+  small experts.
 - Multicast (on A for every kind, on B for ``normal``) costs MC_PENALTY (2%)
   for the lock-step of the two CTAs, and is only considered when the
   multicast candidate has more than one wave and there are at least
@@ -163,7 +168,7 @@ C_TILE = 400.0                      # per-tile B-scale load + epilogue syncs
 RUNTIME_SELECT = 1.25               # promotion with a run-time B-scale row select
 MAX_BOUNDARY_VARIANTS = 8           # the kernel's kMaxFormerVariants (fp8_gemm_1d2d.cuh)
 MC_PENALTY = 0.02                   # multicast lock-step overhead
-C_TWO_PASS = 1900.0                 # contiguous, BLOCK_M = 256: per tile (fitted, see _score)
+C_TWO_PASS = 2300.0                 # contiguous, BLOCK_M = 256: per tile (measured, see _score)
 #: Whether select_config may choose TMA multicast.  Off.  The v0.1 sweep
 #: measured multicast 25-50 % slower than the same tile without it.  With the
 #: remote-arrival fence fixed, the v0.3 sweep (benches/results/sweep_v0.3.json)
@@ -240,8 +245,13 @@ def _stages_ok(block_m: int, num_stages: int) -> bool:
     of order, so it then read a stale stage and released it early: the
     intermittent launch failures (and, in principle, wrong values) of the
     v0.3 / v0.4 64x160 s5 kernel (benches/RESULTS.md, v0.4).  With S even
-    each stage belongs to one warpgroup, which waits on every one of its
-    phases in order.  The kernel static-asserts the same rule."""
+    each stage belongs to one warpgroup for the whole tile, which waits on
+    every one of its phases in order.  (The owner can still change from one
+    tile to the next when a tile has an odd number of K blocks, since the
+    block index restarts; the split-K reduction's two barriers at each
+    tile's end make that safe: every block of a tile has landed before
+    either warpgroup waits on the next tile's.)  The kernel static-asserts
+    the same rule."""
     return block_m != 64 or num_stages % 2 == 0
 
 
@@ -281,9 +291,9 @@ def _registers_ok(block_m: int, block_n: int) -> bool:
 
 def candidate_block_ms(kind: str) -> tuple[int, ...]:
     """BLOCK_M candidates: (64, 128, 256) for every kind (``contiguous``
-    with 256 runs a second pass over tiles that straddle two experts; the
-    cost model ignores that pass: at most one extra tile per expert boundary
-    at an odd multiple of 128 rows)."""
+    with 256 runs a second pass over the tiles that straddle two experts: a
+    full row of tiles per expert boundary at an odd multiple of 128 rows,
+    which the cost model charges)."""
     _check_kind(kind)
     return BLOCK_M_CANDIDATES
 
@@ -483,12 +493,25 @@ def _validate(kind, m, n, k, num_groups, num_sms, smem_limit):
     return kind, m, n, k, num_groups, num_sms, smem_limit
 
 
-def _score(kind, bm, bn, stages, mc, on_a, m, n, k, groups, grid) -> tuple[float, int]:
+def _two_pass_rows(m: int, num_experts: int) -> int:
+    """Expected 256-row tiles that straddle two experts in a contiguous
+    layout of ``m`` rows and ``num_experts`` experts (each re-run by the
+    second pass): a boundary between experts falls at an odd multiple of 128
+    rows about half the time, and there are at most ``num_experts - 1``
+    boundaries and one per tile."""
+    return _ceil_div(min(max(num_experts - 1, 0), _ceil_div(m, 256)), 2)
+
+
+def _score(kind, bm, bn, stages, mc, on_a, m, n, k, groups, grid,
+           num_experts: int = 1) -> tuple[float, int]:
     """Estimated cycles of the busiest CTA, and the padded work
     (executed tiles x BM x BN); see the module docstring."""
     kb = _ceil_div(k, BLOCK_K)
     mb, nb = _ceil_div(m, bm), _ceil_div(n, bn)
     executed = _executed_tiles(groups, mb, nb, mc, on_a)
+    if kind == "contiguous" and bm == 256:
+        # Tiles straddling two experts run twice (scheduler.cuh).
+        executed += _executed_tiles(1, _two_pass_rows(m, num_experts), nb, mc, on_a)
     waves = _ceil_div(executed, grid)
 
     # Compute: per 128-K block.
@@ -516,13 +539,12 @@ def _score(kind, bm, bn, stages, mc, on_a, m, n, k, groups, grid) -> tuple[float
 
     t_tile = (t_compute ** OVERLAP_P + t_feed ** OVERLAP_P) ** (1 / OVERLAP_P) + C_TILE + bm * bn / 64
     if kind == "contiguous" and bm == 256:
-        # The second pass: every tile has an (almost always absent) pass-1
-        # twin whose expert ids are read and skipped, and two experts to
-        # check.  Measured on the H200 (benches/RESULTS.md, v0.4), against the
-        # normal GEMM's 256x128 at the same M: +40 us over 54 tiles per CTA at
-        # K = 7168, +72 us at K = 2048; C_TWO_PASS (about 1.1 us) keeps
-        # 256x128 where it won (K = 7168: 1439 vs 1521 us for 128x192) and
-        # 128x192 where it won (K = 2048: 774 vs 797 us).
+        # Per tile, the two-pass kernel also reads two expert ids and skips
+        # an (almost always absent) pass-1 twin.  Measured on the H200
+        # (benches/RESULTS.md, v0.4) against the normal GEMM's 256x128 at the
+        # same M, with no straddling tiles: +40 us over 31 tiles per CTA at
+        # K = 7168, +72 us over 54 at K = 2048, about 1.3 us per tile in both
+        # (not split further between the skip and the reads).
         t_tile += C_TWO_PASS
     if mc == 2:
         t_tile *= 1 + MC_PENALTY
@@ -551,7 +573,7 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit):
                 if mc == 2 and _ceil_div(executed, grid) <= 1:
                     continue              # multicast only with more than one wave
                 score, work = _score(kind, bm, bn, stages, mc, on_a, m_eff, n, k,
-                                     groups, grid)
+                                     groups, grid, num_experts=num_groups)
                 cfg = make_config(kind, bm, bn, stages, k, num_multicast=mc,
                                   multicast_on_a=on_a, num_sms=grid)
                 key = (score, work, mc, -bm, bn, 0 if on_a else 1)

@@ -453,8 +453,10 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs, rhs, out, m_indices) -> None:
     followed by ``-1`` padding rows; an all-``-1`` block is padding.
     :func:`cugemm8.layout.make_contiguous_layout` builds such a layout.
 
-    Results: padding rows (``-1``) are written as **zeros** and padding
-    blocks cost no tensor-core work.  Rows that break the contract (an expert
+    Results: padding rows (``-1``) are written as **zeros**; a padding block
+    costs no tensor-core work unless a 256-row tile pairs it with an
+    expert's block (the tile's WGMMAs then cover it and its rows are
+    discarded).  Rows that break the contract (an expert
     id different from the block's first row, or outside ``[-1, g)``) are
     written as **NaN** so the violation is visible; they never cause an
     out-of-bounds access.  ``m_indices`` is read on the device only: no host

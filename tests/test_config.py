@@ -48,7 +48,7 @@ def check_choice(cfg: GemmConfig, kind, g, m, n, k, num_sms=132, smem_limit=SMEM
         assert cfg.num_stages >= 4
     # the deepest pipeline that fits
     step = 2 if bm == 64 else 1          # split K: the next legal count is two more
-    assert cfg.num_stages >= 15 or smem_size(bm, bn, cfg.num_stages + step, k) > smem_limit
+    assert cfg.num_stages == 16 or smem_size(bm, bn, cfg.num_stages + step, k) > smem_limit
     assert cfg.num_multicast in (1, 2)
     if cfg.num_multicast == 1:
         assert cfg.multicast_on_a is False
@@ -172,6 +172,14 @@ def test_contiguous_two_pass_256x128_only_at_long_k(kind, g, m, n, k):
     cfg = select_config(kind, m, n, k, num_groups=g)
     want = (256, 128, 3) if k == 7168 else (128, 192, 4)
     assert (cfg.block_m, cfg.block_n, cfg.num_stages) == want
+
+
+@pytest.mark.parametrize("g", [32, 64, 256])
+def test_contiguous_many_small_experts_avoid_the_second_pass(g):
+    # Many experts: about half the 256-row tiles straddle two experts and run
+    # twice, so the model charges those rows and keeps BLOCK_M <= 128.
+    cfg = select_config("contiguous", 32768, 4096, 7168, num_groups=g)
+    assert cfg.block_m <= 128
     assert cfg.num_multicast == (2 if cfgmod.MULTICAST_ENABLED else 1)
 
 
@@ -268,10 +276,10 @@ def test_pick_is_near_the_fastest_measured(shape):
 
 def test_most_picks_within_3_percent():
     regrets = [us / best - 1 for pick, us, best in map(_sweep_pick, SWEEP_SHAPES) if us is not None]
-    # Not measured by the v0.3 sweep: the 4 contiguous shapes (their pick,
-    # 256x128, came in v0.4) and BLOCK_M = 64 picks whose stage count became
-    # even in v0.4.
-    assert len(regrets) >= 0.75 * len(SWEEP_SHAPES)
+    # Not measured by the v0.3 sweep (28 of 31 are): the two K = 7168
+    # contiguous shapes (their pick, the two-pass 256x128, came in v0.4) and
+    # one BLOCK_M = 64 pick whose stage count became even in v0.4.
+    assert len(regrets) >= 0.85 * len(SWEEP_SHAPES)
     assert sum(r <= 0.03 for r in regrets) >= 0.9 * len(regrets), sorted(regrets)
 
 

@@ -89,6 +89,40 @@ def test_contiguous_forced_configs(cp, bm, bn, stages, mc, on_a, num_sms):
         check_contiguous(cp, np.random.default_rng(bm * bn + num_sms), STRADDLING_SIZES, n, k)
 
 
+@pytest.mark.parametrize("forced", [None, (256, 128, 3), (128, 128, 4)])
+def test_contiguous_two_pass_edge_layouts(cp, forced):
+    # 128-row blocks: [e0, e0 | e1 (+ padding rows), all padding | all
+    # padding, e2 (+ a stray e3 row: NaN) | e3, cut short].  With 256-row tiles:
+    # a tile with one expert (one pass), an expert then a padding block (pass
+    # 1 with expert -1: zeros), a padding block then an expert (pass 0 skips,
+    # pass 1 computes), and a last tile whose second block lies past m_sum.
+    rng = np.random.default_rng(7)
+    g, n, k = 4, 520, 576
+    blocks = [0, 0, 1, -1, -1, 2, 3]
+    idx = np.repeat(np.array(blocks, np.int32), 128)
+    idx[2 * 128 + 60: 3 * 128] = -1                 # expert 1 has 60 rows, then padding
+    idx[5 * 128 + 17] = 3                           # a layout violation in expert 2's block
+    m = 6 * 128 + 88                                # the last block is cut short
+    idx = idx[:m]
+    m_indices = cp.asarray(idx)
+    a = H.random_fp8(cp, rng, (m, k))
+    sfa = H.random_scales(cp, rng, (m, -(-k // 128)))
+    b, sfb = expert_weights(cp, rng, g, n, k)
+    out, full = H.poisoned_out(cp, m, n)
+    cfg = None if forced is None else _config.make_config("contiguous", *forced, k, num_sms=132)
+    with _gemm._forced_config(cfg):
+        cugemm8.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sfa), (b, sfb), out, m_indices)
+    got = H.to_f64(cp, out)
+    bad = 5 * 128 + 17
+    for e in range(g):
+        rows = np.nonzero((idx == e) & (np.arange(m) != bad))[0]
+        ref, bound = H.reference_and_bound(cp, a[rows], sfa[rows], b[e], sfb[e])
+        H.check_against(cp, out[rows], ref, bound, what=f"expert {e}")
+    assert bool(cp.all(got[np.nonzero(idx == -1)[0]] == 0)), "padding rows must be written as zeros"
+    assert bool(cp.isnan(got[bad]).all()), "a row of another expert inside a block is NaN"
+    assert H.guards_intact(cp, full, m, n)
+
+
 @pytest.mark.parametrize("forced", [None, (256, 128, 3)])
 def test_contiguous_layout_violations_are_nan(cp, forced):
     rng = np.random.default_rng(1)

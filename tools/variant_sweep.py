@@ -20,8 +20,9 @@ float64 reference (calc_diff < 1e-3), then timed with CUDA events (median of
 ``--reps``, 256 MB L2 flush before each) and, with ``--profiler`` and torch
 installed, also with CUPTI kernel durations (``benches/common.kernel_times``,
 what DeepGEMM's ``bench_kineto`` reports).  The switches the v0.4 experiments
-used live in ``benches/results/variants_v0.4/experiment_switches.patch``
-(apply it to try them again).  Prints one line per (case, variant).
+used live in ``benches/results/variants_v0.4/experiment_switches.patch``,
+which applies to commit 690ab92's ``cuda_src/`` (check that tree out to try
+them again).  Prints one line per (case, variant).
 """
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """Helpers shared by the GPU tests: FP8 test data, a float64 reference computed
 on the GPU from the dequantised operands, the per-element error bound, and
-poisoned outputs with guard rows and columns.
+poisoned outputs with guard rows and columns; and the e4m3 payload
+comparison the quantisation tests share with their CPU emulation test
+(NumPy only: this module imports no CuPy).
 
 The reference here is the same math as :func:`cugemm8.reference.ref_gemm_nt`
 (dequantise A and B in float64, multiply), run with CuPy so the large
@@ -161,3 +163,17 @@ def calc_diff(cp, x, y):
     y = y.astype(cp.float64)
     den = float(cp.sum(x * x + y * y))
     return 0.0 if den == 0 else 1.0 - 2.0 * float(cp.sum(x * y)) / den
+
+
+def assert_payload_equal(got, want, what="payload"):
+    """Bit-exact comparison of two e4m3 payloads (uint8 host arrays), every
+    NaN code (0x7F / 0xFF) counted equal to every other; reports the first
+    mismatching byte."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == np.uint8 and got.shape == want.shape, (got.dtype, got.shape, want.shape)
+    nan_g, nan_w = (got & 0x7F) == 0x7F, (want & 0x7F) == 0x7F
+    bad = (nan_g != nan_w) | (~nan_w & (got != want))
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise AssertionError(f"{what}: {int(bad.sum())} of {bad.size} bytes differ; first at "
+                             f"{idx}: got {int(got[idx]):#04x}, want {int(want[idx]):#04x}")

@@ -29,6 +29,7 @@ import pytest
 
 from cugemm8 import quant as Q
 from cugemm8 import reference as R
+from tests.gpu_helpers import assert_payload_equal
 
 f32, f64 = np.float32, np.float64
 INV448 = float.fromhex("0x1.2492492492492p-9")      # the kernel's kInv448
@@ -270,17 +271,6 @@ def emulate_cast(x, block, *, min_amax=1e-4, pow2_scale=False, rng=None):
     special = np.where(nan_pos, np.uint8(0x7F), np.where(np.signbit(x32), np.uint8(0x80), np.uint8(0)))
     payload = np.where(nonfin, special, payload).astype(np.uint8)
     return payload, scale
-
-
-def assert_payload_equal(got, want):
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.shape == want.shape, (got.shape, want.shape)
-    nan_g, nan_w = (got & 0x7F) == 0x7F, (want & 0x7F) == 0x7F
-    bad = (nan_g != nan_w) | (~nan_w & (got != want))
-    if bad.any():
-        idx = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise AssertionError(f"{int(bad.sum())} payload mismatches; first at {idx}: "
-                             f"got {got[idx]:#04x}, want {want[idx]:#04x}")
 
 
 def assert_scales_equal(got, want):

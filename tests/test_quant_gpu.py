@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 from cugemm8 import quant as Q
 from cugemm8 import reference as R
 from cugemm8.layout import get_col_major_tma_aligned_tensor, is_tma_aligned_mn_major
+from tests.gpu_helpers import assert_payload_equal
 
 pytestmark = pytest.mark.gpu
 
@@ -42,17 +43,6 @@ def _cp():
 # ----------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------
-
-def assert_payload_equal(got, want, what="payload"):
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.dtype == np.uint8 and got.shape == want.shape, (got.dtype, got.shape, want.shape)
-    nan_g, nan_w = (got & 0x7F) == 0x7F, (want & 0x7F) == 0x7F
-    bad = (nan_g != nan_w) | (~nan_w & (got != want))
-    if bad.any():
-        idx = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise AssertionError(f"{what}: {int(bad.sum())} of {bad.size} bytes differ; first at "
-                             f"{idx}: got {int(got[idx]):#04x}, want {int(want[idx]):#04x}")
-
 
 def assert_scales_equal(got, want, what="scales"):
     got, want = np.asarray(got), np.asarray(want, dtype=np.float32)

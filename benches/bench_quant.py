@@ -57,25 +57,14 @@ def time_us(fn, *, reps: int, warmup: int, flush) -> float:
     return common.time_call(fn, reps=reps, warmup=warmup, flush=flush).median
 
 
-def same_size_copy_us(nbytes: int, *, reps: int, warmup: int, flush) -> float:
-    """Median time of a cudaMemcpyAsync moving ``nbytes`` bytes in all (half
-    read, half written), cold L2 like the kernels."""
+def same_size_copy(nbytes: int):
+    """A callable doing a cudaMemcpyAsync that moves ``nbytes`` bytes in all
+    (half read, half written); the buffers live as long as the callable."""
     half = max(nbytes // 2, 1)
     src = cp.empty(half, dtype=cp.uint8)
     dst = cp.empty(half, dtype=cp.uint8)
     src.fill(1)
-    return time_us(lambda: dst.data.copy_from_device_async(src.data, half),
-                   reps=reps, warmup=warmup, flush=flush)
-
-
-def same_size_copy_kernel_us(nbytes: int, *, reps: int, flush) -> float | None:
-    """CUPTI duration (µs, median) of the same-size copy, or None without torch."""
-    half = max(nbytes // 2, 1)
-    src = cp.empty(half, dtype=cp.uint8)
-    dst = cp.empty(half, dtype=cp.uint8)
-    src.fill(1)
-    t = common.kernel_times([lambda: dst.data.copy_from_device_async(src.data, half)], reps=reps, flush=flush)
-    return t.median if t else None
+    return lambda: dst.data.copy_from_device_async(src.data, half)
 
 
 # ----------------------------------------------------------------------------
@@ -194,20 +183,22 @@ def run(reps: int, warmup: int, extra: bool = False) -> dict:
         fn = quant.per_token_cast_to_fp8 if kind == "per_token" else quant.per_block_cast_to_fp8
         nbytes = case_bytes_of(kind, x)
         t_mine = time_us(lambda: fn(x, **kwargs), reps=reps, warmup=warmup, flush=flush)
-        t_copy = same_size_copy_us(nbytes, reps=reps, warmup=warmup, flush=flush)
+        copy = same_size_copy(nbytes)
+        t_copy = time_us(copy, reps=reps, warmup=warmup, flush=flush)
         row = {"case": label, "bytes": nbytes, "us": t_mine, "gbps": nbytes / t_mine / 1e3,
                "copy_same_size_us": t_copy, "copy_same_size_gbps": nbytes / t_copy / 1e3}
         row["of_copy"] = row["gbps"] / ceiling
         row["of_same_size_copy"] = t_copy / t_mine
         # CUPTI durations (torch installed): no launch latency in either time.
         k_mine = common.kernel_times([lambda: fn(x, **kwargs)], reps=reps, flush=flush)
-        k_copy = same_size_copy_kernel_us(nbytes, reps=reps, flush=flush)
+        k_copy = common.kernel_times([copy], reps=reps, flush=flush)
+        copy = None
         if k_mine is not None:
             row["kus"] = k_mine.median
             row["k_of_copy"] = nbytes / k_mine.median / 1e3 / ceiling
-            if k_copy:
-                row["copy_same_size_kus"] = k_copy
-                row["k_of_same_size_copy"] = k_copy / k_mine.median
+            if k_copy is not None:
+                row["copy_same_size_kus"] = k_copy.median
+                row["k_of_same_size_copy"] = k_copy.median / k_mine.median
         if base is not None:
             try:
                 t_base = time_us(lambda: base(x), reps=max(5, reps // 5), warmup=2, flush=flush)

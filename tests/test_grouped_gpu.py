@@ -25,23 +25,24 @@ def expert_weights(cp, rng, g, n, k):
 
 # ---------------------------------------------------------------- contiguous
 
-def check_contiguous(cp, rng, sizes, n, k, *, junk_padding=True):
-    g = len(sizes)
-    m_indices, offsets = cugemm8.make_contiguous_layout(sizes)
-    m = int(m_indices.size)
+def check_contiguous_layout(cp, rng, idx, g, n, k, *, junk_padding=True, nan_rows=()):
+    """Run the contiguous GEMM on random data with host ``m_indices`` ``idx``
+    and check every expert's rows against the reference, padding rows (-1)
+    for zeros, ``nan_rows`` (layout violations) for NaN, and the guards."""
+    m = int(idx.size)
     kb = -(-k // 128)
     a = H.random_fp8(cp, rng, (m, k))
     sfa = H.random_scales(cp, rng, (m, kb))
-    idx = cp.asnumpy(m_indices)
     if junk_padding and m:
         pad = cp.asarray(idx == -1)
         sfa[pad] = np.float32(3e38)          # junk in padding scales must not leak
     b, sfb = expert_weights(cp, rng, g, n, k)
     out, full = H.poisoned_out(cp, m, n)
-    cugemm8.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sfa), (b, sfb), out, m_indices)
+    cugemm8.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sfa), (b, sfb), out, cp.asarray(idx))
     got = H.to_f64(cp, out)
+    violating = np.isin(np.arange(m), list(nan_rows))
     for e in range(g):
-        rows = np.nonzero(idx == e)[0]
+        rows = np.nonzero((idx == e) & ~violating)[0]
         if rows.size == 0:
             continue
         ref, bound = H.reference_and_bound(cp, a[rows], sfa[rows], b[e], sfb[e])
@@ -49,8 +50,17 @@ def check_contiguous(cp, rng, sizes, n, k, *, junk_padding=True):
     pad_rows = np.nonzero(idx == -1)[0]
     if pad_rows.size:
         assert bool(cp.all(got[pad_rows] == 0)), "padding rows must be written as zeros"
+    for r in nan_rows:
+        assert bool(cp.isnan(got[r]).all()), f"row {r} breaks the layout and must be NaN"
     assert H.guards_intact(cp, full, m, n)
     return out
+
+
+def check_contiguous(cp, rng, sizes, n, k, *, junk_padding=True):
+    """check_contiguous_layout on the layout make_contiguous_layout builds from ``sizes``."""
+    m_indices, _ = cugemm8.make_contiguous_layout(sizes)
+    return check_contiguous_layout(cp, rng, cp.asnumpy(m_indices), len(sizes), n, k,
+                                   junk_padding=junk_padding)
 
 
 @pytest.mark.parametrize("g,m_per,n,k", [(4, 8192, 4096, 7168), (4, 8192, 7168, 2048),
@@ -96,31 +106,17 @@ def test_contiguous_two_pass_edge_layouts(cp, forced):
     # a tile with one expert (one pass), an expert then a padding block (pass
     # 1 with expert -1: zeros), a padding block then an expert (pass 0 skips,
     # pass 1 computes), and a last tile whose second block lies past m_sum.
-    rng = np.random.default_rng(7)
     g, n, k = 4, 520, 576
     blocks = [0, 0, 1, -1, -1, 2, 3]
     idx = np.repeat(np.array(blocks, np.int32), 128)
     idx[2 * 128 + 60: 3 * 128] = -1                 # expert 1 has 60 rows, then padding
-    idx[5 * 128 + 17] = 3                           # a layout violation in expert 2's block
-    m = 6 * 128 + 88                                # the last block is cut short
-    idx = idx[:m]
-    m_indices = cp.asarray(idx)
-    a = H.random_fp8(cp, rng, (m, k))
-    sfa = H.random_scales(cp, rng, (m, -(-k // 128)))
-    b, sfb = expert_weights(cp, rng, g, n, k)
-    out, full = H.poisoned_out(cp, m, n)
+    bad = 5 * 128 + 17
+    idx[bad] = 3                                    # a layout violation in expert 2's block
+    idx = idx[:6 * 128 + 88]                        # the last block is cut short
     cfg = None if forced is None else _config.make_config("contiguous", *forced, k, num_sms=132)
     with _gemm._forced_config(cfg):
-        cugemm8.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sfa), (b, sfb), out, m_indices)
-    got = H.to_f64(cp, out)
-    bad = 5 * 128 + 17
-    for e in range(g):
-        rows = np.nonzero((idx == e) & (np.arange(m) != bad))[0]
-        ref, bound = H.reference_and_bound(cp, a[rows], sfa[rows], b[e], sfb[e])
-        H.check_against(cp, out[rows], ref, bound, what=f"expert {e}")
-    assert bool(cp.all(got[np.nonzero(idx == -1)[0]] == 0)), "padding rows must be written as zeros"
-    assert bool(cp.isnan(got[bad]).all()), "a row of another expert inside a block is NaN"
-    assert H.guards_intact(cp, full, m, n)
+        check_contiguous_layout(cp, np.random.default_rng(7), idx, g, n, k, junk_padding=False,
+                                nan_rows=(bad,))
 
 
 @pytest.mark.parametrize("forced", [None, (256, 128, 3)])

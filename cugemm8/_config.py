@@ -230,8 +230,8 @@ def max_stages(block_m: int, block_n: int, k: int, smem_limit: int = SMEM_LIMIT)
     fixed = smem_size(block_m, block_n, 0, k)
     per_stage = smem_size(block_m, block_n, 1, k) - fixed
     stages = min(MAX_STAGES, max(0, smem_limit - fixed) // per_stage)
-    if block_m == 64:
-        stages -= stages % 2
+    while stages and not _stages_ok(block_m, stages):
+        stages -= 1
     return stages if stages >= _min_stages(block_m, block_n) else 0
 
 

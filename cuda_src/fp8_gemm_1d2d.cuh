@@ -19,6 +19,10 @@
 //   inside the tensor core;
 // * persistent CTAs walking a rasterised tile order (scheduler.cuh), optional
 //   TMA multicast of A or B across a cluster of two;
+// * or, for small M, split K across a cluster of two (kNumKSplits): both CTAs
+//   take the same tile, each runs half of the K blocks, and the second sends
+//   its FP32 partial tile into the first's shared memory (st.async, completing
+//   on an mbarrier), which adds it and stores the tile;
 // * epilogue: BF16 through swizzled shared memory and TMA stores that overlap
 //   the next tile's main loop.
 #pragma once
@@ -97,7 +101,7 @@ __device__ __forceinline__ void dispatch_num_former(uint32_t n0, F&& f) {
 // Shared-memory budget of one configuration; cugemm8/_config.py:smem_size
 // must implement the same formula: the launch asks for _config's number of
 // bytes, so a drift would under-allocate (tests/test_config.py pins the formula).
-template <uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages>
+template <uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages, uint32_t kNumKSplits>
 struct SmemLayout {
   static constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, 128u);
   static constexpr uint32_t kD = align_up(BLOCK_M * BLOCK_N * 2u, 1024u);   // (BLOCK_M, BLOCK_N) bf16
@@ -110,8 +114,15 @@ struct SmemLayout {
   // BLOCK_M == 64 splits K between two math warpgroups; the second hands its
   // FP32 partial tile to the first through this buffer.
   static constexpr uint32_t kReduce = BLOCK_M == 64 ? 64u * BLOCK_N * 4u : 0u;  // (BLOCK_N/2, 128) f32
+  // Split K across the cluster: rank 1's FP32 partial tile lands here in
+  // rank 0, followed by the two barriers of the exchange (full: in rank 0,
+  // empty: in rank 1).
+  static constexpr uint32_t kClusterRedData = kNumKSplits == 2 ? BLOCK_M * BLOCK_N * 4u : 0u;
+  static constexpr uint32_t kClusterRed = kNumKSplits == 2 ? align_up(kClusterRedData + 16u, 1024u) : 0u;
   static constexpr uint32_t kOffReduce = kD;
-  static constexpr uint32_t kOffA = kD + kReduce;
+  static constexpr uint32_t kOffClusterRed = kD + kReduce;
+  static constexpr uint32_t kOffClusterBar = kOffClusterRed + kClusterRedData;
+  static constexpr uint32_t kOffA = kD + kReduce + kClusterRed;
   static constexpr uint32_t kOffB = kOffA + kNumStages * kA;
   static constexpr uint32_t kOffSFA = kOffB + kNumStages * kB;
   static constexpr uint32_t kOffSFB = kOffSFA + kNumStages * kSFA;
@@ -122,7 +133,7 @@ struct SmemLayout {
 
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages,
           uint32_t kNumMulticast, bool kMulticastOnA, uint32_t kSwizzleDBytes, uint32_t kGemmType,
-          uint32_t kNumGroups>
+          uint32_t kNumGroups, uint32_t kNumKSplits>
 struct GemmTraits {
   static constexpr uint32_t BLOCK_K = 128;
   // Two math warpgroups always.  BLOCK_M == 64 has one 64-row sub-tile, so
@@ -137,6 +148,12 @@ struct GemmTraits {
   static constexpr uint32_t kNumMathThreads = 128 * kNumMathWG;
   static constexpr uint32_t kNumThreads = kNumMathThreads + 128;
   static constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, BLOCK_K);
+  // Cluster: multicast pairs or split-K pairs (never both).  With split K,
+  // rank r runs K blocks [r * kKBlocksPerSplit, (r + 1) * kKBlocksPerSplit).
+  static constexpr uint32_t kClusterSize = kNumMulticast * kNumKSplits;
+  static constexpr uint32_t kKBlocksPerSplit = kNumKBlocks / kNumKSplits;
+  // Threads that hold a finished tile (and exchange it with split K).
+  static constexpr uint32_t kNumHolderThreads = kSplitK ? 128 : kNumMathThreads;
   static constexpr uint32_t kNumSFBRows = ceil_div(SHAPE_N, 128u);   // 128-row blocks of B per group
   static constexpr uint32_t kNumAccum = BLOCK_N / 2;                   // f32 per thread per 64xBLOCK_N
   // K-loop unroll factor: 4 for the large tiles with at most two B-scale
@@ -149,7 +166,7 @@ struct GemmTraits {
   static constexpr uint32_t kDRowBytes = kDCols * 2;
   static constexpr uint32_t kNumDStores = BLOCK_N / kDCols;
   static constexpr uint32_t kSwizzleMask = kSwizzleDBytes / 16 - 1;     // 7, 3, 1 (128/64/32 B)
-  using Smem = SmemLayout<SHAPE_K, BLOCK_M, BLOCK_N, kNumStages>;
+  using Smem = SmemLayout<SHAPE_K, BLOCK_M, BLOCK_N, kNumStages, kNumKSplits>;
   static constexpr uint32_t kTxBytes = Smem::kA + Smem::kB + BLOCK_M * 4;
 
   static_assert(BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 256, "BLOCK_M must be 64, 128 or 256");
@@ -162,10 +179,15 @@ struct GemmTraits {
                 "D swizzle is 0, 32, 64 or 128 bytes");
   static_assert(BLOCK_N % kDCols == 0, "the D swizzle width must divide BLOCK_N");
   static_assert(kNumMulticast == 1 || kNumMulticast == 2, "clusters of 1 or 2 CTAs");
+  static_assert(kNumKSplits == 1 || kNumKSplits == 2, "K is split across at most 2 CTAs");
+  static_assert(kNumKSplits == 1 || kNumMulticast == 1, "a cluster either multicasts or splits K");
+  // An even count gives both ranks the same compile-time trip count (a
+  // run-time one made the 128x64 K = 2048 kernel spill).
+  static_assert(kNumKSplits == 1 || kNumKBlocks % 2 == 0, "split K needs an even number of K blocks");
   static_assert(kNumStages >= 2 && kNumStages <= 16, "2..16 pipeline stages");
-  // Split K: the tile's K block kb is consumed (and waited for, by phase
-  // parity) only by warpgroup kb % 2, in the stage that follows the previous
-  // block's.  An odd stage count hands a stage to the other warpgroup every
+  // Split K: the tile's j-th K block (of this CTA's share) is consumed (and
+  // waited for, by phase parity) only by warpgroup j % 2, in the stage that
+  // follows the previous block's.  An odd stage count hands a stage to the other warpgroup every
   // lap within a tile, and a parity wait cannot tell "my block landed" from
   // "the other warpgroup's previous block in this stage has not landed yet":
   // the warpgroup then reads a stale stage and releases it early
@@ -191,16 +213,16 @@ struct GemmTraits {
 //   tmap_d         D   as (N, rows, groups) bf16, box (kDCols, 64, 1), swizzle kSwizzleDBytes
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages,
           uint32_t kNumMulticast, bool kMulticastOnA, uint32_t kSwizzleDBytes, uint32_t kGemmType,
-          uint32_t kNumGroups>
+          uint32_t kNumGroups, uint32_t kNumKSplits>
 __global__ void __launch_bounds__(
     GemmTraits<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, kNumStages, kNumMulticast, kMulticastOnA, kSwizzleDBytes,
-               kGemmType, kNumGroups>::kNumThreads, 1) __cluster_dims__(kNumMulticast, 1, 1)
+               kGemmType, kNumGroups, kNumKSplits>::kNumThreads, 1) __cluster_dims__(kNumMulticast * kNumKSplits, 1, 1)
 fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int32_t* __restrict__ grouped_layout,
                      uint16_t* __restrict__ d_ptr, uint32_t ld_d,
                      const __grid_constant__ TmaDescriptor tmap_a, const __grid_constant__ TmaDescriptor tmap_b,
                      const __grid_constant__ TmaDescriptor tmap_sfa, const __grid_constant__ TmaDescriptor tmap_d) {
   using T = GemmTraits<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, kNumStages, kNumMulticast, kMulticastOnA,
-                       kSwizzleDBytes, kGemmType, kNumGroups>;
+                       kSwizzleDBytes, kGemmType, kNumGroups, kNumKSplits>;
   using Smem = typename T::Smem;
   using Scheduler = TileScheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, kNumMulticast, kMulticastOnA, kNumGroups>;
   constexpr uint32_t kNumKBlocks = T::kNumKBlocks;
@@ -211,6 +233,11 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
   extern __shared__ __align__(1024) uint8_t smem[];
   uint64_t* full_bar = reinterpret_cast<uint64_t*>(smem + Smem::kOffBar);
   uint64_t* empty_bar = full_bar + kNumStages;
+  // Split K: rank 1's partial tile has landed in rank 0 (rank 0's barrier:
+  // one expect_tx arrival plus the st.async bytes) / rank 0 has read it
+  // (rank 1's barrier: one arrival per holder thread of rank 0).
+  uint64_t* red_full_bar = reinterpret_cast<uint64_t*>(smem + Smem::kOffClusterBar);
+  uint64_t* red_empty_bar = red_full_bar + 1;
   float* smem_sfb = reinterpret_cast<float*>(smem + Smem::kOffSFB);   // (8, 2, kNumKBlocks) f32
   auto smem_a = [&](uint32_t s) { return smem + Smem::kOffA + s * Smem::kA; };
   auto smem_b = [&](uint32_t s) { return smem + Smem::kOffB + s * Smem::kB; };
@@ -233,16 +260,24 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
       mbarrier_init(full_bar + s, 1);
       mbarrier_init(empty_bar + s, kNumMulticast * T::kConsumerWarps);
     }
+    if constexpr (kNumKSplits == 2) {
+      mbarrier_init(red_full_bar, 1);
+      mbarrier_init(red_empty_bar, T::kNumHolderThreads);
+    }
     fence_barrier_init();
   }
-  if constexpr (kNumMulticast > 1) {
+  if constexpr (T::kClusterSize > 1) {
     cluster_sync();   // the peer may multicast into us / arrive on our barriers from now on
   } else {
     __syncthreads();
   }
 
-  const uint32_t rank = kNumMulticast > 1 ? cluster_cta_rank() : 0;
-  Scheduler scheduler(shape_m, grouped_layout, blockIdx.x / kNumMulticast, gridDim.x / kNumMulticast, rank);
+  const uint32_t rank = T::kClusterSize > 1 ? cluster_cta_rank() : 0;
+  // This CTA's K blocks of every tile (all of them unless K is split).
+  const uint32_t kb_begin = kNumKSplits == 2 ? rank * T::kKBlocksPerSplit : 0u;
+  // With split K both CTAs of a cluster take the same tile (the scheduler
+  // pairs nothing: kNumMulticast is 1).
+  Scheduler scheduler(shape_m, grouped_layout, blockIdx.x / T::kClusterSize, gridDim.x / T::kClusterSize, rank);
   typename Scheduler::Tile tile;
 
   // Which B group a tile reads; whether its MMA is skipped (contiguous
@@ -296,7 +331,10 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
         const int32_t a_row = static_cast<int32_t>(tile.m_block * BLOCK_M);
         const int32_t a_group = kGemmType == kGroupedMasked ? static_cast<int32_t>(tile.group) : 0;
         const int32_t b_row = static_cast<int32_t>(tile.n_block * BLOCK_N);
-        for (uint32_t kb = 0; kb < kNumKBlocks; ++kb) {
+        // Not unrolled: the producer runs on 40 registers (setmaxnreg), and an
+        // unrolled split-K loop (8 blocks per rank) spilled there.
+        #pragma unroll 1
+        for (uint32_t kb = kb_begin; kb < kb_begin + T::kKBlocksPerSplit; ++kb) {
           // Wait until every consumer (of every CTA in the cluster) released the stage.
           mbarrier_wait(empty_bar + stage, phase ^ 1);
           uint64_t* bar = full_bar + stage;
@@ -345,6 +383,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
     const uint32_t desc_b0 = smem_desc_sw128_lo(smem_b(0));
     float accum[kNumAccum];
     float final_accum[kWaves][kNumAccum];
+    uint32_t red_phase = 0;   // split K across the cluster: exchanges done, mod 2
 
     while (scheduler.next(tile)) {
       int32_t b_group;
@@ -435,8 +474,9 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
           // wait and descriptor arithmetic are scheduled into this block's
           // promotion.
           #pragma unroll (T::kKLoopUnroll)
-          for (uint32_t kb = 0; kb < kNumKBlocks; ++kb) {
-            if (T::kSplitK && kb % 2 != warpgroup) {   // the other warpgroup's block
+          for (uint32_t j = 0; j < T::kKBlocksPerSplit; ++j) {
+            const uint32_t kb = kb_begin + j;
+            if (T::kSplitK && j % 2 != warpgroup) {   // the other warpgroup's block
               if (++stage == kNumStages) stage = 0, phase ^= 1;
               continue;
             }
@@ -483,6 +523,53 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
           }
           named_barrier_sync(1, T::kNumMathThreads);
         }
+      }
+      if constexpr (kNumKSplits == 2) {
+        // Split K across the cluster: rank 1 sends its partial tile into rank
+        // 0's shared memory (16-byte st.async per 4 accumulators, slots
+        // private to each holder thread: both ranks hold identical fragment
+        // layouts), rank 0 adds it and stores the tile.  The tile's `skip`
+        // is the same in both ranks (same tile), so both skip the exchange
+        // together.
+        const bool holder = !T::kSplitK || warpgroup == 0;
+        if (holder && !skip) {
+          constexpr uint32_t kQuads = kNumAccum / 4;
+          const uint32_t h = threadIdx.x;   // < kNumHolderThreads
+          float* cred = reinterpret_cast<float*>(smem + Smem::kOffClusterRed);
+          if (rank == 1) {
+            // Rank 0 must have read the previous tile's partial sums.
+            mbarrier_wait(red_empty_bar, red_phase ^ 1);
+            const uint32_t remote_bar = mapa_shared(smem_addr(red_full_bar), 0);
+            const uint32_t remote = mapa_shared(smem_addr(cred), 0);
+            #pragma unroll
+            for (uint32_t v = 0; v < kWaves; ++v) {
+              #pragma unroll
+              for (uint32_t q = 0; q < kQuads; ++q) {
+                const float* f = final_accum[v] + q * 4;
+                st_async_v4(remote + ((v * kQuads + q) * T::kNumHolderThreads + h) * 16, f[0], f[1], f[2], f[3],
+                            remote_bar);
+              }
+            }
+          } else {
+            if (h == 0) mbarrier_arrive_expect_tx(red_full_bar, Smem::kClusterRedData);
+            mbarrier_wait(red_full_bar, red_phase);
+            #pragma unroll
+            for (uint32_t v = 0; v < kWaves; ++v) {
+              #pragma unroll
+              for (uint32_t q = 0; q < kQuads; ++q) {
+                const float4 p = reinterpret_cast<const float4*>(cred)[(v * kQuads + q) * T::kNumHolderThreads + h];
+                final_accum[v][q * 4 + 0] += p.x;
+                final_accum[v][q * 4 + 1] += p.y;
+                final_accum[v][q * 4 + 2] += p.z;
+                final_accum[v][q * 4 + 3] += p.w;
+              }
+            }
+            // Reads done: rank 1 may send the next tile's partial sums.
+            mbarrier_arrive_cluster(red_empty_bar, 1);
+          }
+          red_phase ^= 1;
+        }
+        if (rank == 1) continue;   // rank 0 stores the tile
       }
       // With split K only warpgroup 0 holds the tile and stores it.
       if (T::kSplitK && warpgroup != 0) continue;
@@ -583,8 +670,9 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
     if (tid == 0) tma_store_wait_read<0>();
   }
 
-  if constexpr (kNumMulticast > 1) {
-    // Neither CTA exits while its peer may still arrive on its barriers.
+  if constexpr (T::kClusterSize > 1) {
+    // Neither CTA exits while its peer may still arrive on its barriers (or,
+    // with split K, send into its shared memory).
     cluster_sync();
   }
 }

@@ -26,7 +26,12 @@ Hard constraints (checked by :func:`is_legal`; the kernel static-asserts them)
   the two blocks belong to different experts (kernel: scheduler.cuh).
 - Multicast (cluster of 2): on A for every kind, on B for ``normal`` only; the
   grid is then even.  An unpaired tile of a cluster runs as a phantom.
-- Grid = min(available SMs (even when multicasting), tiles incl. phantoms).
+- Split K across a cluster of 2 (``num_k_splits`` = 2, never with
+  multicast): both CTAs of a pair take the same tile and half of its K
+  blocks each, so the number of 128-wide K blocks must be even; the grid is
+  even (kernel: fp8_gemm_1d2d.cuh, docs/design.md level 5).
+- Grid = min(available SMs (even when multicasting or splitting K), tiles
+  incl. phantoms, times 2 with split K).
 - ``swizzle_d`` = the largest of 128/64/32 bytes dividing ``block_n * 2``,
   else 0.
 
@@ -39,7 +44,13 @@ M), then 144, 160, 192 (above 128 only multiples of 16 that pass the straddle
 rule; 136 is legal but left out, having no D swizzle; 256 passes the
 straddle rule but never the register rule) x multicast in (none, on A, on
 B).  Stages: the largest count that fits, capped at 16 (and even with
-``block_m`` = 64).
+``block_m`` = 64).  Split K (x2) for ``block_m`` in SPLIT_K_BLOCK_MS (64,
+128) and ``block_n`` <= SPLIT_K_MAX_BLOCK_N (32) when the K blocks are even
+in number and twice the tiles fit in one wave of ``num_sms``: on the H200
+(benches/results/sweep_v0.5_splitk.json) it made 64x16-class tiles 9-43 %
+faster (64x2112x7168: 64x32 split 10.3 us against 64x16 12.1 us; the N =
+576 shapes 1.4x), and every split of a tile with ``block_n`` >= 64 slower
+(1-37 %), the cost model notwithstanding.
 
 Cost model
 ----------
@@ -104,8 +115,8 @@ C_TILE + BM*BN/64 is the per-tile B-scale load, syncs and D staging
   full.
 - At M <= 128 (one wave) the chain and the feed decide together: a narrow
   tile has the shorter chain, a wide one fewer duplicated bytes.  The picks
-  are 64x16 for (64, 2112, 7168) (132 tiles) and 128x64 for
-  (128, 7168, 16384) (112 tiles).
+  are 64x32 with split K for (64, 2112, 7168) (66 tiles on 132 CTAs) and
+  128x64 for (128, 7168, 16384) (112 tiles).
 - The contiguous layout with ``block_m`` = 256 runs the 256-row tiles that
   straddle two experts twice: the model adds half of min(experts - 1,
   m-tiles) tile rows (a boundary lands at an odd multiple of 128 rows half
@@ -114,6 +125,10 @@ C_TILE + BM*BN/64 is the per-tile B-scale load, syncs and D staging
   256x128 wins at K = 7168 with a few large experts (1439 vs 1521 us for
   128x192 on the H200), 128x192 at K = 2048 (774 vs 797 us) and with many
   small experts.
+- Split K: the K blocks per CTA are halved and the grid doubled (twice the
+  executed tiles); C_SPLIT (1500 cycles) is added per tile for the exchange
+  of the FP32 partial tile (any value in [0, 5000] gives the same picks on
+  the v0.5 sweep).
 - Multicast (on A for every kind, on B for ``normal``) costs MC_PENALTY (2%)
   for the lock-step of the two CTAs, and is only considered when the
   multicast candidate has more than one wave and there are at least
@@ -127,11 +142,11 @@ C_TILE + BM*BN/64 is the per-tile B-scale load, syncs and D staging
 The constants are rough H200 figures, good for ranking, not for predicting
 times (the sweep's times include several microseconds of launch and
 pipeline fill that no term models).  tests/test_config.py checks the choice
-for every shape of the sweep against its measured times.  Ties (equal score)
-are broken, in order, by: less padded work (executed_tiles * BM * BN), no
-multicast before multicast, larger BM, smaller BN, multicast on A before on
-B.  ``m == 0`` is scored as ``m == 1`` (the caller does not launch, but gets
-a valid config).
+for every shape of the sweeps against its measured times.  Ties (equal
+score) are broken, in order, by: less padded work (executed_tiles * BM *
+BN), no multicast before multicast, no split K before split K, larger BM,
+smaller BN, multicast on A before on B.  ``m == 0`` is scored as ``m == 1``
+(the caller does not launch, but gets a valid config).
 """
 from __future__ import annotations
 
@@ -179,6 +194,13 @@ C_TWO_PASS = 2300.0                 # contiguous, BLOCK_M = 256: per tile (measu
 #: consistent gain above the 2-3 % run-to-run noise, so the heuristic leaves
 #: it out.  Forced configurations (make_config) can use it.
 MULTICAST_ENABLED = False
+# Split K across a cluster of 2 (num_k_splits = 2): one wave only, BLOCK_M
+# 64 or 128, BLOCK_N <= 32, an even number of K blocks; C_SPLIT cycles per
+# tile for the DSMEM exchange of the FP32 partial tile (module docstring).
+SPLIT_K_ENABLED = True
+SPLIT_K_BLOCK_MS = (64, 128)
+C_SPLIT = 1500.0
+SPLIT_K_MAX_BLOCK_N = 32
 OVERLAP_P = 4                       # soft max of compute and feed (imperfect overlap)
 MULTICAST_MIN_ROWS = 512
 
@@ -195,18 +217,20 @@ def _align(x: int, a: int) -> int:
 # Derived quantities
 # ---------------------------------------------------------------------------
 
-def smem_size(block_m: int, block_n: int, num_stages: int, k: int) -> int:
+def smem_size(block_m: int, block_n: int, num_stages: int, k: int, num_k_splits: int = 1) -> int:
     """Dynamic shared memory (bytes) of the kernel; the kernel static-asserts
     the same formula::
 
         align(BM*BN*2, 1024)                        D staging (BF16)
       + (64*BN*4 if BM == 64 else 0)                split-K reduction (FP32)
+      + (align(BM*BN*4 + 16, 1024) if split)        cluster split-K partial tile (FP32) + 2 barriers
       + stages * (BM*128 + BN*128 + align(BM*4, 128))  A, B, A scales
       + align(64 * ceil(K/128), 16)                 B scales: 8 warps x 2 rows x whole K
       + 256                                         barriers and misc
     """
     return (_align(block_m * block_n * 2, 1024)
             + (64 * block_n * 4 if block_m == 64 else 0)
+            + (_align(block_m * block_n * 4 + 16, 1024) if num_k_splits == 2 else 0)
             + num_stages * (block_m * BLOCK_K + block_n * BLOCK_K + _align(block_m * 4, 128))
             + _align(64 * _ceil_div(k, BLOCK_K), 16)
             + 256)
@@ -223,12 +247,13 @@ def _min_stages(block_m: int, block_n: int) -> int:
     return MIN_STAGES if block_m * block_n >= 128 * 192 else MIN_STAGES + 1
 
 
-def max_stages(block_m: int, block_n: int, k: int, smem_limit: int = SMEM_LIMIT) -> int:
+def max_stages(block_m: int, block_n: int, k: int, smem_limit: int = SMEM_LIMIT,
+               num_k_splits: int = 1) -> int:
     """Largest stage count (capped at 16) whose :func:`smem_size` fits, even
     for ``block_m`` = 64 (:func:`_stages_ok`), or 0 when fewer than the
     minimum (3, or 4 for tiles under 128x192) fit."""
-    fixed = smem_size(block_m, block_n, 0, k)
-    per_stage = smem_size(block_m, block_n, 1, k) - fixed
+    fixed = smem_size(block_m, block_n, 0, k, num_k_splits)
+    per_stage = smem_size(block_m, block_n, 1, k, num_k_splits) - fixed
     stages = min(MAX_STAGES, max(0, smem_limit - fixed) // per_stage)
     while stages and not _stages_ok(block_m, stages):
         stages -= 1
@@ -324,6 +349,7 @@ class GemmConfig:
     num_math_warpgroups: int  # always 2 (block_m == 64: split K)
     num_multicast: int        # 1 or 2 (cluster size along x)
     multicast_on_a: bool      # with num_multicast == 2: A shared (else B)
+    num_k_splits: int         # 1 or 2: K split across a cluster of 2 (then num_multicast == 1)
     num_sms: int              # grid size (persistent CTAs) to launch
     swizzle_d: int            # D staging swizzle in bytes: 128, 64, 32 or 0
     smem_bytes: int           # smem_size(block_m, block_n, num_stages, k)
@@ -332,12 +358,14 @@ class GemmConfig:
         mc = ""
         if self.num_multicast == 2:
             mc = " c2A" if self.multicast_on_a else " c2B"
+        if self.num_k_splits == 2:
+            mc = " k2"
         return f"{self.block_m}x{self.block_n} s{self.num_stages}{mc} sms{self.num_sms}"
 
 
 def make_config(kind: str, block_m: int, block_n: int, num_stages: int, k: int, *,
                 num_multicast: int = 1, multicast_on_a: bool = False,
-                num_sms: int = 1) -> GemmConfig:
+                num_k_splits: int = 1, num_sms: int = 1) -> GemmConfig:
     """Build a :class:`GemmConfig` with its derived fields (warpgroups,
     swizzle, shared memory for ``k``) filled in.  Does not check legality:
     call :func:`is_legal` on the result."""
@@ -346,8 +374,9 @@ def make_config(kind: str, block_m: int, block_n: int, num_stages: int, k: int, 
                       num_math_warpgroups=num_math_warpgroups(block_m),
                       num_multicast=num_multicast,
                       multicast_on_a=bool(multicast_on_a) and num_multicast == 2,
+                      num_k_splits=num_k_splits,
                       num_sms=num_sms, swizzle_d=swizzle_d_bytes(block_n),
-                      smem_bytes=smem_size(block_m, block_n, num_stages, k))
+                      smem_bytes=smem_size(block_m, block_n, num_stages, k, num_k_splits))
 
 
 def is_legal(config: GemmConfig | None = None, *, k: int | None = None,
@@ -371,7 +400,7 @@ def is_legal(config: GemmConfig | None = None, *, k: int | None = None,
     c = config
     bm, bn = c.block_m, c.block_n
     ints = ("block_m", "block_n", "block_k", "num_stages", "num_math_warpgroups",
-            "num_multicast", "num_sms", "swizzle_d", "smem_bytes")
+            "num_multicast", "num_k_splits", "num_sms", "swizzle_d", "smem_bytes")
     for name in ints:
         v = getattr(c, name)
         if not isinstance(v, int) or isinstance(v, bool):
@@ -399,10 +428,17 @@ def is_legal(config: GemmConfig | None = None, *, k: int | None = None,
     if not _stages_ok(bm, c.num_stages):
         return False, (f"block_m 64 (split K) needs an even stage count, got {c.num_stages}: "
                        f"each math warpgroup must own its stages")
-    if k is not None and c.smem_bytes != smem_size(bm, bn, c.num_stages, k):
+    if c.num_k_splits not in (1, 2):
+        return False, f"num_k_splits must be 1 or 2, got {c.num_k_splits}"
+    if c.num_k_splits == 2 and c.num_multicast != 1:
+        return False, "num_k_splits 2 (a split-K cluster) excludes multicast"
+    if c.num_k_splits == 2 and k is not None and _ceil_div(k, BLOCK_K) % 2:
+        return False, (f"num_k_splits 2 needs an even number of 128-wide K blocks, "
+                       f"k = {k} has {_ceil_div(k, BLOCK_K)}")
+    if k is not None and c.smem_bytes != smem_size(bm, bn, c.num_stages, k, c.num_k_splits):
         return False, (f"smem_bytes {c.smem_bytes} != smem_size(...) = "
-                       f"{smem_size(bm, bn, c.num_stages, k)} for k={k}")
-    if k is None and c.smem_bytes < smem_size(bm, bn, c.num_stages, 1):
+                       f"{smem_size(bm, bn, c.num_stages, k, c.num_k_splits)} for k={k}")
+    if k is None and c.smem_bytes < smem_size(bm, bn, c.num_stages, 1, c.num_k_splits):
         return False, f"smem_bytes {c.smem_bytes} below the formula's minimum"
     if c.smem_bytes > smem_limit:
         return False, f"smem_bytes {c.smem_bytes} > limit {smem_limit}"
@@ -420,6 +456,8 @@ def is_legal(config: GemmConfig | None = None, *, k: int | None = None,
         return False, f"num_sms (grid) must be >= 1, got {c.num_sms}"
     if c.num_multicast == 2 and c.num_sms % 2:
         return False, f"grid {c.num_sms} must be even with multicast"
+    if c.num_k_splits == 2 and c.num_sms % 2:
+        return False, f"grid {c.num_sms} must be even with split K (clusters of 2)"
     if available_sms is not None and c.num_sms > available_sms:
         return False, f"grid {c.num_sms} exceeds the {available_sms} SMs available"
     return True, "ok"
@@ -427,13 +465,15 @@ def is_legal(config: GemmConfig | None = None, *, k: int | None = None,
 
 def tile_counts(config: GemmConfig, m: int, n: int, num_groups: int = 1) -> tuple[int, int, int]:
     """``(tiles, executed_tiles, waves)`` of ``config`` on a problem: real
-    output tiles, tiles the CTAs run including phantoms of unpaired clusters,
-    and ceil(executed / grid).  ``m`` is expected_m for ``masked`` (then
+    output tiles, tiles the CTAs run including phantoms of unpaired clusters
+    (with split K each tile counts twice, once per CTA of its pair), and
+    ceil(executed / grid).  ``m`` is expected_m for ``masked`` (then
     ``num_groups`` groups) and m_sum for ``contiguous``."""
     groups = num_groups if config.kind == "masked" else 1
     mb = _ceil_div(max(m, 0), config.block_m)
     nb = _ceil_div(n, config.block_n)
     executed = _executed_tiles(groups, mb, nb, config.num_multicast, config.multicast_on_a)
+    executed *= config.num_k_splits
     return groups * mb * nb, executed, _ceil_div(executed, config.num_sms)
 
 
@@ -503,16 +543,16 @@ def _two_pass_rows(m: int, num_experts: int) -> int:
 
 
 def _score(kind, bm, bn, stages, mc, on_a, m, n, k, groups, grid,
-           num_experts: int = 1) -> tuple[float, int]:
+           num_experts: int = 1, splits: int = 1) -> tuple[float, int]:
     """Estimated cycles of the busiest CTA, and the padded work
     (executed tiles x BM x BN); see the module docstring."""
-    kb = _ceil_div(k, BLOCK_K)
+    kb = _ceil_div(k, BLOCK_K) // splits
     mb, nb = _ceil_div(m, bm), _ceil_div(n, bn)
     executed = _executed_tiles(groups, mb, nb, mc, on_a)
     if kind == "contiguous" and bm == 256:
         # Tiles straddling two experts run twice (scheduler.cuh).
         executed += _executed_tiles(1, _two_pass_rows(m, num_experts), nb, mc, on_a)
-    waves = _ceil_div(executed, grid)
+    waves = _ceil_div(executed * splits, grid)
 
     # Compute: per 128-K block.
     sub = _waves_per_warpgroup(bm)
@@ -548,6 +588,8 @@ def _score(kind, bm, bn, stages, mc, on_a, m, n, k, groups, grid,
         t_tile += C_TWO_PASS
     if mc == 2:
         t_tile *= 1 + MC_PENALTY
+    if splits == 2:
+        t_tile += C_SPLIT
     return waves * t_tile, executed * bm * bn
 
 
@@ -562,21 +604,28 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit):
             if not stages:
                 continue
             mb, nb = _ceil_div(m_eff, bm), _ceil_div(n, bn)
-            options = [(1, False)]
+            options = [(1, False, 1, stages)]
             if MULTICAST_ENABLED and num_sms >= 2 and rows_of_work >= MULTICAST_MIN_ROWS:
-                options.append((2, True))
+                options.append((2, True, 1, stages))
                 if kind == "normal":
-                    options.append((2, False))
-            for mc, on_a in options:
+                    options.append((2, False, 1, stages))
+            if (SPLIT_K_ENABLED and bm in SPLIT_K_BLOCK_MS and bn <= SPLIT_K_MAX_BLOCK_N
+                    and num_sms >= 2
+                    and _ceil_div(k, BLOCK_K) % 2 == 0
+                    and 2 * _executed_tiles(groups, mb, nb, 1, False) <= num_sms):
+                split_stages = max_stages(bm, bn, k, smem_limit, num_k_splits=2)
+                if split_stages:
+                    options.append((1, False, 2, split_stages))
+            for mc, on_a, splits, st in options:
                 executed = _executed_tiles(groups, mb, nb, mc, on_a)
-                grid = min(num_sms - num_sms % mc, executed)
+                grid = min(num_sms - num_sms % max(mc, splits), executed * splits)
                 if mc == 2 and _ceil_div(executed, grid) <= 1:
                     continue              # multicast only with more than one wave
-                score, work = _score(kind, bm, bn, stages, mc, on_a, m_eff, n, k,
-                                     groups, grid, num_experts=num_groups)
-                cfg = make_config(kind, bm, bn, stages, k, num_multicast=mc,
-                                  multicast_on_a=on_a, num_sms=grid)
-                key = (score, work, mc, -bm, bn, 0 if on_a else 1)
+                score, work = _score(kind, bm, bn, st, mc, on_a, m_eff, n, k,
+                                     groups, grid, num_experts=num_groups, splits=splits)
+                cfg = make_config(kind, bm, bn, st, k, num_multicast=mc,
+                                  multicast_on_a=on_a, num_k_splits=splits, num_sms=grid)
+                key = (score, work, mc, splits, -bm, bn, 0 if on_a else 1)
                 ranked.append((key, cfg))
     if not ranked:
         raise ValueError(f"no configuration fits smem_limit={smem_limit} bytes with k={k} "

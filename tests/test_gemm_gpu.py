@@ -111,6 +111,36 @@ def test_forced_configs(cp, bm, bn, stages, mc, on_a, num_sms):
     assert H.guards_intact(cp, full, m, n)
 
 
+# Split K across a CTA pair (num_k_splits = 2): both intra-CTA forms
+# (BLOCK_M 64 splits K again between its warpgroups), narrow and wide tiles,
+# one tile per pair (132) and many tiles per pair (6 CTAs: the exchange
+# barriers' phases turn over).  K = 1168 = 9 * 128 + 16: ten K blocks, five
+# per CTA, the last one partial.
+SPLIT_K_FORCED = [(64, 16, 8), (64, 32, 16), (64, 120, 4), (128, 32, 8), (128, 64, 6)]
+
+
+@pytest.mark.parametrize("bm,bn,stages", SPLIT_K_FORCED)
+@pytest.mark.parametrize("num_sms", [132, 6])
+def test_forced_split_k_configs(cp, bm, bn, stages, num_sms):
+    m, n, k = 333, 1000, 1168
+    cfg = _config.make_config("normal", bm, bn, stages, k, num_k_splits=2, num_sms=num_sms)
+    ok, why = _config.is_legal(cfg, k=k)
+    assert ok, why
+    rng = np.random.default_rng(bm * bn + stages + num_sms)
+    a, sfa, b, sfb = H.make_operands(cp, rng, m, n, k)
+    sfa = cugemm8.get_col_major_tma_aligned_tensor(sfa)
+    outs = []
+    for _ in range(2):
+        out, full = H.poisoned_out(cp, m, n)
+        _gemm._launch(cfg, "normal", n, k, 1, m, m, a, sfa, b, sfb, out, None, 1)
+        assert H.guards_intact(cp, full, m, n)
+        outs.append(out)
+    ref, bound = H.reference_and_bound(cp, a, sfa, b, sfb)
+    H.check_against(cp, outs[0], ref, bound, what=str(cfg))
+    # the pair always adds rank 1's partial tile to rank 0's: bit-identical reruns
+    assert bool(cp.all(outs[0].view(cp.uint16) == outs[1].view(cp.uint16)))
+
+
 def test_m_zero_launches_nothing(cp):
     a = cp.zeros((0, 7168), cp.uint8)
     sfa = cp.zeros((0, 56), cp.float32)

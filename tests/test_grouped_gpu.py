@@ -191,6 +191,18 @@ def test_masked_table(cp, g, m_max, n, k):
     check_masked(cp, rng, g, m_max, n, k, [m_max] * g, m_max)
 
 
+@pytest.mark.parametrize("bm,bn,stages", [(64, 32, 8), (128, 24, 6)])
+@pytest.mark.parametrize("num_sms", [132, 4])
+def test_contiguous_split_k(cp, bm, bn, stages, num_sms):
+    # Split K across a CTA pair: padding blocks (skipped by both CTAs of the
+    # pair, zeros stored by rank 0) and many tiles per pair (4 CTAs).
+    n, k = 520, 1168
+    cfg = _config.make_config("contiguous", bm, bn, stages, k, num_k_splits=2, num_sms=num_sms)
+    assert _config.is_legal(cfg, k=k)[0]
+    with _gemm._forced_config(cfg):
+        check_contiguous(cp, np.random.default_rng(bm * bn + num_sms), STRADDLING_SIZES, n, k)
+
+
 @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
 @given(g=st.integers(1, 64), m_max=st.sampled_from([1, 20, 64, 127, 128, 129, 200, 256]),
        n=st.sampled_from([256, 520, 2112]), k=st.sampled_from([128, 576, 1040]),
@@ -207,6 +219,16 @@ def test_masked_sweep(cp, g, m_max, n, k, expected_m, data):
 def test_masked_forced_configs(cp, bm, bn, stages, mc, on_a):
     g, m_max, n, k = 3, 200, 1000, 640
     cfg = _config.make_config("masked", bm, bn, stages, k, num_multicast=mc, multicast_on_a=on_a, num_sms=132)
+    assert _config.is_legal(cfg, k=k)[0]
+    check_masked(cp, np.random.default_rng(bm + bn), g, m_max, n, k, [200, 0, 77], 100, cfg=cfg)
+
+
+@pytest.mark.parametrize("bm,bn,stages", [(64, 16, 8), (128, 32, 6)])
+def test_masked_split_k(cp, bm, bn, stages):
+    # Split K across a CTA pair, with an empty group and partial slabs
+    # (rows stored one by one by rank 0).
+    g, m_max, n, k = 3, 200, 1000, 768
+    cfg = _config.make_config("masked", bm, bn, stages, k, num_k_splits=2, num_sms=132)
     assert _config.is_legal(cfg, k=k)[0]
     check_masked(cp, np.random.default_rng(bm + bn), g, m_max, n, k, [200, 0, 77], 100, cfg=cfg)
 

@@ -26,6 +26,9 @@ GROUPED = [("contiguous", 4 * 8192, 4096, 7168, 4), ("contiguous", 4 * 8192, 716
 FORCED = [("normal", 64, 8, 16, 1, False, 576, 7168), ("normal", 128, 136, 4, 1, False, 1000, 1040),
           ("normal", 128, 160, 4, 2, True, 1000, 1040), ("normal", 256, 128, 3, 2, False, 1000, 1040),
           ("normal", 64, 24, 6, 2, False, 1000, 1040), ("masked", 256, 112, 3, 2, True, 1000, 640)]
+# Split K across a CTA pair (kind, bm, bn, stages, n, k): the forms the GPU tests force.
+SPLIT_K = [("normal", 64, 16, 8, 1000, 1168), ("normal", 128, 64, 6, 1000, 1168),
+           ("contiguous", 64, 32, 8, 520, 1168), ("masked", 128, 32, 6, 1000, 768)]
 
 
 def _names():
@@ -38,6 +41,10 @@ def _names():
         names.add(_gemm._kernel_name(cfg, n, k, _gemm._GEMM_TYPE[kind], g))
     for kind, bm, bn, st, mc, on_a, n, k in FORCED:
         cfg = _config.make_config(kind, bm, bn, st, k, num_multicast=mc, multicast_on_a=on_a, num_sms=132)
+        assert _config.is_legal(cfg, k=k)[0]
+        names.add(_gemm._kernel_name(cfg, n, k, _gemm._GEMM_TYPE[kind], 3 if kind == "masked" else 1))
+    for kind, bm, bn, st, n, k in SPLIT_K:
+        cfg = _config.make_config(kind, bm, bn, st, k, num_k_splits=2, num_sms=132)
         assert _config.is_legal(cfg, k=k)[0]
         names.add(_gemm._kernel_name(cfg, n, k, _gemm._GEMM_TYPE[kind], 3 if kind == "masked" else 1))
     return sorted(names)

@@ -3,7 +3,8 @@
     python tools/race_probe.py KIND BMxBN STAGES MC [GRID]
 
 KIND normal (M=333, N=320, K=640) or masked (4 groups, m_max=200,
-masked_m = 0, 1, 137, 200); MC 1, 2A or 2B.  The result is checked."""
+masked_m = 0, 1, 137, 200); MC 1, 2A, 2B, or k2 (split K across the CTA
+pair; K=768, an even number of K blocks).  The result is checked."""
 import sys
 
 import numpy as np
@@ -17,14 +18,18 @@ from cugemm8.cli import Shape, bf16_to_f64, calc_diff, gemm_call, make_operands,
 kind, tile, stages, mc = sys.argv[1:5]
 grid = int(sys.argv[5]) if len(sys.argv) > 5 else 8
 bm, bn = (int(x) for x in tile.split("x"))
-shape = Shape("normal", 333, 320, 640) if kind == "normal" else Shape("masked", 200, 320, 640, 4)
+k = 768 if mc == "k2" else 640
+shape = Shape("normal", 333, 320, k) if kind == "normal" else Shape("masked", 200, 320, k, 4)
 ops = make_operands(shape, cp, seed=3)
 if kind == "masked":
     host = np.array([0, 1, 137, 200], np.int32)
     ops.update(masked_m=cp.asarray(host), masked_host=host.tolist(),
                valid=cp.asarray(np.arange(200)[None, :] < host[:, None]))
-cfg = _config.make_config(kind, bm, bn, int(stages), 640, num_multicast=int(mc[0]),
-                          multicast_on_a=mc.endswith("A"), num_sms=grid)
+if mc == "k2":
+    cfg = _config.make_config(kind, bm, bn, int(stages), k, num_k_splits=2, num_sms=grid)
+else:
+    cfg = _config.make_config(kind, bm, bn, int(stages), k, num_multicast=int(mc[0]),
+                              multicast_on_a=mc.endswith("A"), num_sms=grid)
 out = poisoned_out(shape, ops, cp)
 with G._forced_config(cfg):
     gemm_call(shape, ops, out)()

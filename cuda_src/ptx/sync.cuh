@@ -46,6 +46,25 @@ __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t 
       ::"r"(smem_addr(bar)), "r"(cta_rank) : "memory");
 }
 
+// Address of the same shared-memory offset in CTA `cta_rank` of this
+// cluster, in the shared::cluster window (PTX ISA: mapa).
+__device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t cta_rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(cta_rank));
+  return r;
+}
+
+// Asynchronous 16-byte store into a peer CTA's shared memory that signals
+// the peer's mbarrier `remote_bar` with complete_tx of 16 bytes on arrival
+// (PTX ISA: st.async).  The peer's waiters see the data once the barrier's
+// phase completes, like a TMA load's; no fence is needed on this side.
+__device__ __forceinline__ void st_async_v4(uint32_t remote_addr, float a, float b, float c, float d,
+                                            uint32_t remote_bar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
+      ::"r"(remote_addr), "f"(a), "f"(b), "f"(c), "f"(d), "r"(remote_bar) : "memory");
+}
+
 __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
   asm volatile(
       "{\n.reg .pred done;\n"

@@ -1,15 +1,19 @@
 """Time forced kernel configurations against the heuristic's pick (one H200 call).
 
     python benches/sweep_configs.py [--kinds normal,contiguous,masked] [--ms 64,128,4096]
-                                    [--top 6] [--reps 10] [--json OUT]
+                                    [--top 6] [--split-k 6] [--reps 10] [--json OUT]
 
 For every benchmark shape (``bench_gemm.py``'s table) the candidates are the
 cost model's ``--top`` ranked configs with multicast allowed, the
-no-multicast twin of each, DeepGEMM's own config from docs/benchmarks.md
-(anchor 1) where it is legal here, and the heuristic's pick.  All kernels are
+no-multicast twin of each, up to ``--split-k`` split-K configurations (K
+split across a cluster of 2) that fill half the SMs or more, DeepGEMM's own
+config from docs/benchmarks.md (anchor 1) where it is legal here, and the
+heuristic's pick.  All kernels are
 compiled first, in parallel threads; each config's output is checked against
-the float64 reference (calc_diff < 1e-3) before it is timed (CUDA events,
-median of ``--reps``, 256 MB L2 flush before each).  The JSON holds every
+the float64 reference (calc_diff < 1e-3) before it is timed (median of ``--reps``,
+256 MB L2 flush before each), with CUDA events and, where torch is
+installed, CUPTI kernel times (``common.kernel_times``; the table ranks by
+these when present).  The JSON holds every
 (config, µs) so the cost model in ``cugemm8/_config.py`` can be fitted to it.
 This script reports; it never asserts.
 """
@@ -50,10 +54,12 @@ def anchor_config(shape: Shape):
 
 
 def parse_config(text: str, shape: Shape, num_sms: int):
-    """A GemmConfig from 'BMxBN sS [c2|c2B]' with the largest legal grid, or None."""
+    """A GemmConfig from 'BMxBN sS [c2|c2B|k2]' with the largest legal grid, or None."""
     from cugemm8 import _config
-    mt = re.fullmatch(r"(\d+)x(\d+) s(\d+)(?: (c2B?))?", text)
+    mt = re.fullmatch(r"(\d+)x(\d+) s(\d+)(?: (c2B?|k2))?", text)
     bm, bn, stages = (int(mt.group(i)) for i in (1, 2, 3))
+    if mt.group(4) == "k2":
+        return split_k_config(shape, bm, bn, num_sms, stages)
     mc = 2 if mt.group(4) else 1
     on_a = mt.group(4) == "c2"
     stages = min(stages, _config.max_stages(bm, bn, shape.k) or stages)
@@ -71,7 +77,41 @@ def parse_config(text: str, shape: Shape, num_sms: int):
     return cfg if ok else None
 
 
-def candidates(shape: Shape, top: int, num_sms: int) -> list:
+def split_k_config(shape: Shape, bm: int, bn: int, num_sms: int, stages: int = 16):
+    """The split-K (cluster of 2) config of a tile, at most ``stages`` deep,
+    with one CTA pair per tile up to the SMs available, or None if illegal."""
+    from cugemm8 import _config
+    stages = min(stages, _config.max_stages(bm, bn, shape.k, num_k_splits=2))
+    m = shape.m * shape.num_groups if shape.kind == "contiguous" else shape.m
+    groups = shape.num_groups if shape.kind == "masked" else 1
+    tiles = groups * -(-m // bm) * -(-shape.n // bn)
+    grid = min(num_sms - num_sms % 2, 2 * tiles)
+    if not stages or grid < 2:
+        return None
+    cfg = _config.make_config(shape.kind, bm, bn, stages, shape.k, num_k_splits=2, num_sms=grid)
+    ok, _ = _config.is_legal(cfg, k=shape.k, available_sms=num_sms)
+    return cfg if ok else None
+
+
+def split_k_candidates(shape: Shape, count: int, num_sms: int) -> list:
+    """Up to ``count`` split-K configs whose CTA pairs fill between half and
+    all of the SMs in one wave, the fullest first (BLOCK_M 64, and 128 when
+    M is above 64)."""
+    from cugemm8 import _config
+    m = shape.m * shape.num_groups if shape.kind == "contiguous" else shape.m
+    groups = shape.num_groups if shape.kind == "masked" else 1
+    found = []
+    for bm in (64, 128) if m > 64 else (64,):
+        for bn in _config.candidate_block_ns(bm):
+            ctas = 2 * groups * -(-m // bm) * -(-shape.n // bn)
+            if num_sms // 2 <= ctas <= num_sms:
+                cfg = split_k_config(shape, bm, bn, num_sms)
+                if cfg is not None:
+                    found.append((-ctas, bm, bn, cfg))
+    return [cfg for *_, cfg in sorted(found, key=lambda e: e[:3])[:count]]
+
+
+def candidates(shape: Shape, top: int, num_sms: int, split_k: int = 0) -> list:
     from cugemm8 import _config
     m = shape.m * shape.num_groups if shape.kind == "contiguous" else shape.m
     saved = _config.MULTICAST_ENABLED
@@ -92,6 +132,7 @@ def candidates(shape: Shape, top: int, num_sms: int) -> list:
     # rules multicast out (small M: halving A's L2 traffic is the question).
     for c in [c for c in ranked if c.num_multicast == 1][:3]:
         picked.append(parse_config(f"{c.block_m}x{c.block_n} s{c.num_stages} c2", shape, num_sms))
+    picked += split_k_candidates(shape, split_k, num_sms)
     anchor = anchor_config(shape)
     if anchor:
         picked.append(parse_config(anchor, shape, num_sms))
@@ -110,6 +151,7 @@ def main(argv=None) -> int:
     p.add_argument("--kinds", default="normal,contiguous,masked")
     p.add_argument("--ms", default="64,128,4096", help="normal-GEMM M values")
     p.add_argument("--top", type=int, default=6)
+    p.add_argument("--split-k", type=int, default=6, help="split-K candidates per shape")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
@@ -123,7 +165,7 @@ def main(argv=None) -> int:
     ms = tuple(int(x) for x in args.ms.split(","))
     shapes = [s for s in bench_gemm.bench_shapes(args.kinds.split(","), False, False)
               if s.kind != "normal" or s.m in ms]
-    plan = [(s, candidates(s, args.top, num_sms)) for s in shapes]
+    plan = [(s, candidates(s, args.top, num_sms, args.split_k)) for s in shapes]
 
     names = {}
     for s, cfgs in plan:
@@ -167,8 +209,11 @@ def main(argv=None) -> int:
                     if not diff < 1e-3:
                         rows.append({"config": label, "us": None, "status": f"WRONG {diff:.2e}"})
                         continue
-                    t = common.time_call(run, reps=args.reps, warmup=1, flush=flush).median
-                    rows.append({"config": label, "us": t, "status": "ok"})
+                    t_ev = common.time_call(run, reps=args.reps, warmup=1, flush=flush).median
+                    cupti = common.kernel_times([run], reps=args.reps, flush=flush)
+                    t = cupti.median if cupti is not None else t_ev
+                    rows.append({"config": label, "us": t, "events_us": t_ev,
+                                 "timer": "cupti" if cupti is not None else "events", "status": "ok"})
                 except Exception as exc:
                     rows.append({"config": label, "us": None,
                                  "status": f"error {type(exc).__name__}: {exc}"[:200]})

@@ -12,7 +12,9 @@ literal text replacements ``[file, old, new]``.  PLAN.json::
      "cases": [["normal", 64, 2112, 7168, "64x16 s16", ["base", "pipe"]], ...]}
 
 ``unchecked`` times a variant whose results are knowingly wrong (a probe
-that removes work).  ``direct_d`` drops the D staging buffer from
+that removes work).  ``tiled_b`` re-encodes B's tensor map as rows of 128
+bytes, for probes of a pre-tiled B layout (the variant's kernel must
+address it).  ``direct_d`` drops the D staging buffer from
 ``_config.smem_size`` for that variant, so configurations that only fit
 without it become legal.  Every
 (case, variant) is compiled first (threads), its output checked against the
@@ -77,14 +79,34 @@ def variant(tree: Path, spec: dict):
     saved_dir, saved_smem = _jit.cuda_src_dir, _config.smem_size
     _jit.cuda_src_dir = lambda: tree
     if spec.get("direct_d"):
-        def smem(bm, bn, stages, k, _orig=saved_smem):
-            return _orig(bm, bn, stages, k) - ((bm * bn * 2 + 1023) // 1024) * 1024
+        def smem(bm, bn, stages, k, num_k_splits=1, _orig=saved_smem):
+            return _orig(bm, bn, stages, k, num_k_splits) - ((bm * bn * 2 + 1023) // 1024) * 1024
         _config.smem_size = smem
+    saved_prep, saved_make = G._prepare_launch, G._tma.make_descriptor
+    if spec.get("tiled_b"):
+        # Probe: B's map reads each (n-block, k-block) box as one contiguous
+        # BLOCK_N x 128-byte chunk of B's memory (as if B were pre-tiled; the
+        # variant's kernel addresses it so); values are then meaningless.
+        state = {"u8": 0}
+
+        def prep(*args, **kw):
+            state["u8"] = 0
+            return saved_prep(*args, **kw)
+
+        def make(dtype, address, dims, strides, box, **kw):
+            if dtype == "u8":
+                state["u8"] += 1
+                if state["u8"] == 2:   # A is encoded first, then B
+                    k, n, g = dims
+                    dims, strides = (128, n * k // 128, g), (128, strides[1] if g > 1 else n * k)
+            return saved_make(dtype, address, dims, strides, box, **kw)
+        G._prepare_launch, G._tma.make_descriptor = prep, make
     _jit._kernels.clear()
     G.clear_launch_cache()
     try:
         yield
     finally:
+        G._prepare_launch, G._tma.make_descriptor = saved_prep, saved_make
         _jit.cuda_src_dir, _config.smem_size = saved_dir, saved_smem
         _jit._kernels.clear()
         G.clear_launch_cache()

@@ -337,6 +337,8 @@ def test_smem_size_formula():
     assert smem_size(64, 8, 1, 128) == 1024 + 2048 + (8192 + 1024 + 256) + 64 + 256
     assert smem_size(256, 128, 3, 16384) == 65536 + 3 * (32768 + 16384 + 1024) + 8192 + 256
     assert smem_size(64, 120, 4, 1152) == 15360 + 30720 + 4 * (8192 + 15360 + 256) + 576 + 256
+    # split K across a pair: + align(BM*BN*4 + 16, 1024), the FP32 partial tile and two barriers
+    assert smem_size(64, 32, 16, 7168, 2) == smem_size(64, 32, 16, 7168) + 9216
     # DeepGEMM's H200 stage counts come out of it
     assert max_stages(128, 128, 7168) == 5
     assert max_stages(128, 112, 7168) == 6

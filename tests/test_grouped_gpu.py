@@ -191,6 +191,17 @@ def test_masked_table(cp, g, m_max, n, k):
     check_masked(cp, rng, g, m_max, n, k, [m_max] * g, m_max)
 
 
+@pytest.mark.parametrize("num_experts", [510, 512])
+def test_contiguous_two_pass_every_tile_mixed(cp, num_experts):
+    # 128-row experts: every 256-row tile holds two experts, so every tile
+    # runs both passes, each with its own expert (hundreds of experts).
+    n, k = 128, 256
+    cfg = _config.make_config("contiguous", 256, 128, 3, k, num_sms=132)
+    assert _config.is_legal(cfg, k=k)[0]
+    with _gemm._forced_config(cfg):
+        check_contiguous(cp, np.random.default_rng(num_experts), [128] * num_experts, n, k)
+
+
 @pytest.mark.parametrize("bm,bn,stages", [(64, 32, 8), (128, 24, 6)])
 @pytest.mark.parametrize("num_sms", [132, 4])
 def test_contiguous_split_k(cp, bm, bn, stages, num_sms):

@@ -14,9 +14,11 @@ literal text replacements ``[file, old, new]``.  PLAN.json::
 ``unchecked`` times a variant whose results are knowingly wrong (a probe
 that removes work).  ``tiled_b`` re-encodes B's tensor map as rows of 128
 bytes, for probes of a pre-tiled B layout (the variant's kernel must
-address it).  ``direct_d`` drops the D staging buffer from
-``_config.smem_size`` for that variant, so configurations that only fit
-without it become legal.  Every
+address it).  ``root`` starts the variant from another ``cuda_src/``
+tree (e.g. an older commit's: ``git archive REV cuda_src | tar -x -C
+DIR``).  ``direct_d`` drops the D staging buffer from ``_config.smem_size``
+for that variant, so configurations that only fit without it become
+legal.  Every
 (case, variant) is compiled first (threads), its output checked against the
 float64 reference (calc_diff < 1e-3), then timed with CUDA events (median of
 ``--reps``, 256 MB L2 flush before each) and, with ``--profiler`` and torch
@@ -55,7 +57,7 @@ KERNEL = "fp8_gemm_1d2d.cuh"
 
 
 def make_tree(base: Path, spec: dict, dest: Path) -> Path:
-    shutil.copytree(base, dest)
+    shutil.copytree(Path(spec["root"]) if "root" in spec else base, dest)
     path = dest / KERNEL
     text = path.read_text()
     for name, value in spec.get("defines", {}).items():
@@ -79,8 +81,8 @@ def variant(tree: Path, spec: dict):
     saved_dir, saved_smem = _jit.cuda_src_dir, _config.smem_size
     _jit.cuda_src_dir = lambda: tree
     if spec.get("direct_d"):
-        def smem(bm, bn, stages, k, num_k_splits=1, _orig=saved_smem):
-            return _orig(bm, bn, stages, k, num_k_splits) - ((bm * bn * 2 + 1023) // 1024) * 1024
+        def smem(bm, bn, stages, k, *args, _orig=saved_smem, **kw):
+            return _orig(bm, bn, stages, k, *args, **kw) - ((bm * bn * 2 + 1023) // 1024) * 1024
         _config.smem_size = smem
     saved_prep, saved_make = G._prepare_launch, G._tma.make_descriptor
     if spec.get("tiled_b"):

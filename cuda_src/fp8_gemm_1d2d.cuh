@@ -181,6 +181,7 @@ struct GemmTraits {
   static_assert(kNumMulticast == 1 || kNumMulticast == 2, "clusters of 1 or 2 CTAs");
   static_assert(kNumKSplits == 1 || kNumKSplits == 2, "K is split across at most 2 CTAs");
   static_assert(kNumKSplits == 1 || kNumMulticast == 1, "a cluster either multicasts or splits K");
+  static_assert(kNumKSplits == 1 || BLOCK_M <= 128, "split K is for BLOCK_M 64 and 128");
   // An even count gives both ranks the same compile-time trip count (a
   // run-time one made the 128x64 K = 2048 kernel spill).
   static_assert(kNumKSplits == 1 || kNumKBlocks % 2 == 0, "split K needs an even number of K blocks");
@@ -192,8 +193,8 @@ struct GemmTraits {
   // "the other warpgroup's previous block in this stage has not landed yet":
   // the warpgroup then reads a stale stage and releases it early
   // (cugemm8/_config.py _stages_ok; benches/RESULTS.md v0.4).  Between
-  // tiles the owner of a stage may still change (kb restarts at 0; with an
-  // odd number of K blocks the parity flips): that is safe only because the
+  // tiles the owner of a stage may still change (j restarts at 0; with an
+  // odd number of K blocks per CTA the parity flips): that is safe only because the
   // split-K reduction's two named barriers make both warpgroups finish every
   // block of a tile before either waits on the next tile's
   // (tests/test_schedule_model.py models both rules).
@@ -235,7 +236,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
   uint64_t* empty_bar = full_bar + kNumStages;
   // Split K: rank 1's partial tile has landed in rank 0 (rank 0's barrier:
   // one expect_tx arrival plus the st.async bytes) / rank 0 has read it
-  // (rank 1's barrier: one arrival per holder thread of rank 0).
+  // (rank 1's barrier: one release.cluster arrival per holder warp of rank 0).
   uint64_t* red_full_bar = reinterpret_cast<uint64_t*>(smem + Smem::kOffClusterBar);
   uint64_t* red_empty_bar = red_full_bar + 1;
   float* smem_sfb = reinterpret_cast<float*>(smem + Smem::kOffSFB);   // (8, 2, kNumKBlocks) f32
@@ -262,7 +263,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
     }
     if constexpr (kNumKSplits == 2) {
       mbarrier_init(red_full_bar, 1);
-      mbarrier_init(red_empty_bar, T::kNumHolderThreads);
+      mbarrier_init(red_empty_bar, T::kNumHolderThreads / 32);
     }
     fence_barrier_init();
   }
@@ -331,10 +332,8 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
         const int32_t a_row = static_cast<int32_t>(tile.m_block * BLOCK_M);
         const int32_t a_group = kGemmType == kGroupedMasked ? static_cast<int32_t>(tile.group) : 0;
         const int32_t b_row = static_cast<int32_t>(tile.n_block * BLOCK_N);
-        // Not unrolled: the producer runs on 40 registers (setmaxnreg), and an
-        // unrolled split-K loop (8 blocks per rank) spilled there.
-        #pragma unroll 1
-        for (uint32_t kb = kb_begin; kb < kb_begin + T::kKBlocksPerSplit; ++kb) {
+        // One K block: wait for the stage, then issue its loads.
+        auto load_block = [&](uint32_t kb) {
           // Wait until every consumer (of every CTA in the cluster) released the stage.
           mbarrier_wait(empty_bar + stage, phase ^ 1);
           uint64_t* bar = full_bar + stage;
@@ -357,6 +356,16 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
             tma_load_3d(smem_b(stage), &tmap_b, bar, k, b_row, b_group);
           }
           if (++stage == kNumStages) stage = 0, phase ^= 1;
+        };
+        if constexpr (kNumKSplits == 2) {
+          // Not unrolled: the producer runs on 40 registers (setmaxnreg), and
+          // the unrolled split-K loop (a compile-time trip count) spilled there.
+          #pragma unroll 1
+          for (uint32_t kb = kb_begin; kb < kb_begin + T::kKBlocksPerSplit; ++kb) load_block(kb);
+        } else {
+          // The compiler's unrolling: 0.3-1.2 % faster at 256x128 than none
+          // (benches/RESULTS.md, v0.5).
+          for (uint32_t kb = 0; kb < kNumKBlocks; ++kb) load_block(kb);
         }
       }
     }
@@ -538,7 +547,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
           float* cred = reinterpret_cast<float*>(smem + Smem::kOffClusterRed);
           if (rank == 1) {
             // Rank 0 must have read the previous tile's partial sums.
-            mbarrier_wait(red_empty_bar, red_phase ^ 1);
+            mbarrier_wait_acquire_cluster(red_empty_bar, red_phase ^ 1);
             const uint32_t remote_bar = mapa_shared(smem_addr(red_full_bar), 0);
             const uint32_t remote = mapa_shared(smem_addr(cred), 0);
             #pragma unroll
@@ -552,7 +561,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
             }
           } else {
             if (h == 0) mbarrier_arrive_expect_tx(red_full_bar, Smem::kClusterRedData);
-            mbarrier_wait(red_full_bar, red_phase);
+            mbarrier_wait_acquire_cluster(red_full_bar, red_phase);
             #pragma unroll
             for (uint32_t v = 0; v < kWaves; ++v) {
               #pragma unroll
@@ -564,8 +573,11 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
                 final_accum[v][q * 4 + 3] += p.w;
               }
             }
-            // Reads done: rank 1 may send the next tile's partial sums.
-            mbarrier_arrive_cluster(red_empty_bar, 1);
+            // Reads done: rank 1 may send the next tile's partial sums.  The
+            // warp's reads are ordered before lane 0's cluster-scope release
+            // (rank 1 overwrites this buffer once its acquire-wait returns).
+            __syncwarp();
+            if (lane == 0) mbarrier_arrive_cluster_release(red_empty_bar, 1);
           }
           red_phase ^= 1;
         }

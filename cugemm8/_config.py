@@ -28,8 +28,10 @@ Hard constraints (checked by :func:`is_legal`; the kernel static-asserts them)
   grid is then even.  An unpaired tile of a cluster runs as a phantom.
 - Split K across a cluster of 2 (``num_k_splits`` = 2, never with
   multicast): both CTAs of a pair take the same tile and half of its K
-  blocks each, so the number of 128-wide K blocks must be even; the grid is
-  even (kernel: fp8_gemm_1d2d.cuh, docs/design.md level 5).
+  blocks each, so the number of 128-wide K blocks must be even, and
+  ``block_m`` is 64 or 128 (the kernel static-asserts both); the grid must
+  be even (a cluster launch of an odd grid fails; fp8_gemm_1d2d.cuh,
+  docs/design.md level 5).
 - Grid = min(available SMs (even when multicasting or splitting K), tiles
   incl. phantoms, times 2 with split K).
 - ``swizzle_d`` = the largest of 128/64/32 bytes dividing ``block_n * 2``,
@@ -352,7 +354,7 @@ class GemmConfig:
     num_k_splits: int         # 1 or 2: K split across a cluster of 2 (then num_multicast == 1)
     num_sms: int              # grid size (persistent CTAs) to launch
     swizzle_d: int            # D staging swizzle in bytes: 128, 64, 32 or 0
-    smem_bytes: int           # smem_size(block_m, block_n, num_stages, k)
+    smem_bytes: int           # smem_size(block_m, block_n, num_stages, k, num_k_splits)
 
     def __str__(self) -> str:
         mc = ""
@@ -432,6 +434,8 @@ def is_legal(config: GemmConfig | None = None, *, k: int | None = None,
         return False, f"num_k_splits must be 1 or 2, got {c.num_k_splits}"
     if c.num_k_splits == 2 and c.num_multicast != 1:
         return False, "num_k_splits 2 (a split-K cluster) excludes multicast"
+    if c.num_k_splits == 2 and bm not in SPLIT_K_BLOCK_MS:
+        return False, f"num_k_splits 2 needs block_m in {SPLIT_K_BLOCK_MS}, got {bm}"
     if c.num_k_splits == 2 and k is not None and _ceil_div(k, BLOCK_K) % 2:
         return False, (f"num_k_splits 2 needs an even number of 128-wide K blocks, "
                        f"k = {k} has {_ceil_div(k, BLOCK_K)}")

@@ -138,6 +138,20 @@ def test_no_split_k_where_it_measured_slower(m, n, k):
     assert select_config("normal", m, n, k).num_k_splits == 1
 
 
+@pytest.mark.parametrize("fields,reason", [
+    (dict(num_k_splits=2, num_multicast=2, multicast_on_a=True), "excludes multicast"),
+    (dict(num_k_splits=2, num_sms=131), "even"),
+    (dict(num_k_splits=2, block_m=256, block_n=32, num_stages=4), "block_m"),
+    (dict(num_k_splits=3), "num_k_splits"),
+    (dict(num_k_splits=True), "int"),
+])
+def test_split_k_legality(fields, reason):
+    base = dict(kind="normal", block_m=64, block_n=32, num_stages=8, num_sms=132)
+    ok, why = is_legal(k=7168, **{**base, **fields})
+    assert not ok and reason in why, why
+    assert is_legal(k=7168, **{**base, "num_k_splits": 2})[0]
+
+
 def test_split_k_needs_an_even_number_of_k_blocks():
     assert select_config("normal", 64, 2112, 7168 - 128).num_k_splits == 1
     ok, why = is_legal(make_config("normal", 64, 32, 16, 640, num_k_splits=2, num_sms=132), k=640)

@@ -113,16 +113,19 @@ def test_forced_configs(cp, bm, bn, stages, mc, on_a, num_sms):
 
 # Split K across a CTA pair (num_k_splits = 2): both intra-CTA forms
 # (BLOCK_M 64 splits K again between its warpgroups), narrow and wide tiles,
-# one tile per pair (132) and many tiles per pair (6 CTAs: the exchange
-# barriers' phases turn over).  K = 1168 = 9 * 128 + 16: ten K blocks, five
-# per CTA, the last one partial.
-SPLIT_K_FORCED = [(64, 16, 8), (64, 32, 16), (64, 120, 4), (128, 32, 8), (128, 64, 6)]
+# 66 pairs (a few tiles each; 128x64 has 48 tiles, at most one per pair) and
+# 3 pairs (6 CTAs: many tiles each, the exchange barriers' phases turn
+# over).  K = 1168 = 9 * 128 + 16: ten K blocks, five per CTA, the last one
+# partial; K = 256: one block per CTA, so with BLOCK_M = 64 the second
+# warpgroup has none and hands zeros to the first.
+SPLIT_K_FORCED = [(64, 16, 8, 1168), (64, 32, 16, 1168), (64, 120, 4, 1168), (128, 32, 8, 1168),
+                  (128, 64, 6, 1168), (64, 32, 8, 256)]
 
 
-@pytest.mark.parametrize("bm,bn,stages", SPLIT_K_FORCED)
+@pytest.mark.parametrize("bm,bn,stages,k", SPLIT_K_FORCED)
 @pytest.mark.parametrize("num_sms", [132, 6])
-def test_forced_split_k_configs(cp, bm, bn, stages, num_sms):
-    m, n, k = 333, 1000, 1168
+def test_forced_split_k_configs(cp, bm, bn, stages, k, num_sms):
+    m, n = 333, 1000
     cfg = _config.make_config("normal", bm, bn, stages, k, num_k_splits=2, num_sms=num_sms)
     ok, why = _config.is_legal(cfg, k=k)
     assert ok, why

@@ -28,7 +28,8 @@ FORCED = [("normal", 64, 8, 16, 1, False, 576, 7168), ("normal", 128, 136, 4, 1,
           ("normal", 64, 24, 6, 2, False, 1000, 1040), ("masked", 256, 112, 3, 2, True, 1000, 640)]
 # Split K across a CTA pair (kind, bm, bn, stages, n, k): the forms the GPU tests force.
 SPLIT_K = [("normal", 64, 16, 8, 1000, 1168), ("normal", 128, 64, 6, 1000, 1168),
-           ("contiguous", 64, 32, 8, 520, 1168), ("masked", 128, 32, 6, 1000, 768)]
+           ("contiguous", 64, 32, 8, 520, 1168), ("masked", 128, 32, 6, 1000, 768),
+           ("normal", 64, 32, 8, 1000, 256)]
 
 
 def _names():
@@ -80,6 +81,38 @@ def test_sass_uses_fp8_wgmma(report):
         name = body.splitlines()[0].strip()
         assert "QGMMA" in body, f"{name}: no FP8 WGMMA (QGMMA) in SASS"
         assert "LDL" not in body and "STL" not in body, f"{name}: local-memory traffic"
+
+
+def test_split_k_exchange_uses_cluster_scope(report):
+    """The split-K exchange: st.async into the peer, cluster-scope acquire
+    waits, and a release.cluster arrival after rank 0's reads of the partial
+    tile (the buffer rank 1 overwrites next)."""
+    assert "st.async" in report.ptx
+    assert "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64" in report.ptx
+    assert "mbarrier.arrive.release.cluster.shared::cluster.b64" in report.ptx
+
+
+def test_smem_layout_matches_the_python_formula():
+    """cugemm8/_config.py smem_size is what the launch requests; the kernel's
+    SmemLayout is what it uses.  One NVRTC compile of static asserts that the
+    two totals agree (and the 1024-byte alignment of the TMA stages, the
+    8-byte alignment of the split-K barriers) over every candidate tile,
+    split or not, at several K and stage counts."""
+    checks = []
+    for k in (128, 1168, 16384):
+        for bm in _config.BLOCK_M_CANDIDATES:
+            for bn in _config.candidate_block_ns(bm):
+                for splits in ((1, 2) if bm in _config.SPLIT_K_BLOCK_MS else (1,)):
+                    for stages in (2, 5, 16):
+                        t = f"cugemm8::SmemLayout<{k}u, {bm}u, {bn}u, {stages}u, {splits}u>"
+                        want = _config.smem_size(bm, bn, stages, k, splits)
+                        checks.append(f"static_assert({t}::kTotal == {want}u && {t}::kOffA % 1024 == 0 && "
+                                      f"{t}::kOffClusterBar % 8 == 0, \"{k} {bm} {bn} {stages} {splits}\");")
+    import cupy._core.core as core
+    src = _jit.build_source("fp8_gemm_1d2d.cuh") + "\n" + "\n".join(checks) + "\n"
+    opts = core.assemble_cupy_compiler_options(_jit.compile_options()) + (
+        "-arch=compute_90a", "--device-as-default-execution-space")
+    _jit._nvrtc_compile(src, opts, [], "ptx")      # a failed static_assert raises RuntimeError
 
 
 def test_arch_guard_rejects_plain_sm90():

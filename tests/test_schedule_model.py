@@ -29,9 +29,11 @@ def _cdiv(a, b):
     return -(-a // b)
 
 
-def schedule(kind, m, n, bm, bn, grid, mc=1, on_a=False):
+def schedule(kind, m, n, bm, bn, grid, mc=1, on_a=False, splits=1):
     """Yield (cta, m_block, n_block, pass, phantom) in each CTA's order
-    (TileScheduler::next for 'normal' and 'contiguous')."""
+    (TileScheduler::next for 'normal' and 'contiguous').  ``splits`` = 2:
+    split K across the CTA pair (clusters of 2 that multicast nothing: the
+    kernel builds the scheduler with cluster id blockIdx.x / 2)."""
     pair_n = 2 if mc == 2 and on_a else 1
     pair_m = 2 if mc == 2 and not on_a else 1
     num_n = _cdiv(n, bn)
@@ -39,9 +41,10 @@ def schedule(kind, m, n, bm, bn, grid, mc=1, on_a=False):
     num_m = _cdiv(m, bm)
     cluster_m = _cdiv(num_m, pair_m)
     passes = 2 if kind == "contiguous" and bm == 256 else 1
-    clusters = grid // mc
+    size = mc * splits
+    clusters = grid // size
     for cta in range(grid):
-        cluster_id, rank = cta // mc, cta % mc
+        cluster_id, rank = cta // size, cta % size
         it = 0
         while True:
             ct = cluster_id + it * clusters
@@ -161,6 +164,24 @@ def test_contiguous_slabs_stored_once_with_their_blocks_expert(sizes, bm, bn, gr
     want = {(s, j) for s in range(0, m, 64) for j in range(_cdiv(n, bn))}
     assert set(stored) == want
     assert set(stored.values()) == {1}
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(1, 3000), n=st.integers(8, 2000), bm=st.sampled_from([64, 128]),
+       bn=st.sampled_from([16, 24, 32]), pairs=st.integers(1, 70),
+       kind=st.sampled_from(["normal", "contiguous"]))
+def test_split_k_pairs_walk_the_same_tiles(m, n, bm, bn, pairs, kind):
+    # Split K: both CTAs of a pair must see the same tile sequence (each runs
+    # half of every tile's K and they exchange once per tile), and every
+    # tile must belong to exactly one pair.
+    walks = {}
+    for cta, mb, nb, p, phantom in schedule(kind, m, n, bm, bn, 2 * pairs, splits=2):
+        assert not phantom
+        walks.setdefault(cta, []).append((mb, nb, p))
+    for pair in range(pairs):
+        assert walks.get(2 * pair, []) == walks.get(2 * pair + 1, [])
+    tiles = [t for pair in range(pairs) for t in walks.get(2 * pair, [])]
+    assert sorted(tiles) == sorted({(i, j, 0) for i in range(_cdiv(m, bm)) for j in range(_cdiv(n, bn))})
 
 
 @pytest.mark.parametrize("stages", range(2, 17))

@@ -46,6 +46,20 @@ __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t 
       ::"r"(smem_addr(bar)), "r"(cta_rank) : "memory");
 }
 
+// As mbarrier_arrive_cluster, with .release at cluster scope: this thread's
+// earlier memory operations (and, after a __syncwarp, its warp's) are ordered
+// before the peer's acquire-wait on the barrier returns.  For a buffer the
+// peer overwrites after the wait (split K's partial-tile exchange), which
+// the default .release.cta does not cover across CTAs.  Costs a GPU-scope
+// fence (MEMBAR), so it is used once per warp per tile, never per K block.
+__device__ __forceinline__ void mbarrier_arrive_cluster_release(uint64_t* bar, uint32_t cta_rank) {
+  asm volatile(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}"
+      ::"r"(smem_addr(bar)), "r"(cta_rank) : "memory");
+}
+
 // Address of the same shared-memory offset in CTA `cta_rank` of this
 // cluster, in the shared::cluster window (PTX ISA: mapa).
 __device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t cta_rank) {
@@ -70,6 +84,17 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
       "{\n.reg .pred done;\n"
       "WAIT_%=:\n"
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}"
+      ::"r"(smem_addr(bar)), "r"(parity) : "memory");
+}
+
+// As mbarrier_wait, with .acquire at cluster scope: pairs with a peer CTA's
+// .release.cluster arrival or st.async complete_tx on this barrier.
+__device__ __forceinline__ void mbarrier_wait_acquire_cluster(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra WAIT_%=;\n}"
       ::"r"(smem_addr(bar)), "r"(parity) : "memory");
 }

@@ -9,7 +9,10 @@ hypothesis-drawn layouts:
   exactly one (tile, pass), and that pass multiplies with the expert of the
   slab's 128-row block (so no row is ever computed with another expert's B,
   and padding / invalid blocks are still written);
-* the split-K stage-ownership rule behind ``_config._stages_ok``.
+* the split-K stage-ownership rule behind ``_config._stages_ok``;
+* split K across a CTA pair: both CTAs walk the same tiles, and the
+  partial-tile exchange (mbarrier phases, expect_tx, per-warp slots) never
+  deadlocks, never reads another tile's sums and never overwrites unread ones.
 
 A change to the C++ logic must be mirrored here (the functions name the
 lines they model).
@@ -213,3 +216,120 @@ def test_split_k_stage_ownership(stages, k_blocks):
         ok, why = _config.is_legal(_config.make_config("normal", 64, 16, stages, 2048, num_sms=132), k=2048)
         assert ok == even and (ok or "even" in why), why
     assert all(_config.max_stages(64, bn, k) % 2 == 0 for bn in (8, 64, 160) for k in (512, 7168, 16384))
+
+
+# ---------------------------------------------------------------------------
+# Split K across a CTA pair: the partial-tile exchange (fp8_gemm_1d2d.cuh,
+# "Split K across the cluster"; docs/design.md level 5), modelled per warp.
+# ---------------------------------------------------------------------------
+
+class _MBarrier:
+    """mbarrier: a phase completes when its pending arrivals and its
+    transaction count both reach zero (the count may go negative first:
+    complete_tx before expect_tx); try_wait.parity(p) succeeds once the phase
+    of parity p has completed, i.e. while the current phase's parity is not p."""
+
+    def __init__(self, count):
+        self.count, self.pending, self.tx, self.phase = count, count, 0, 0
+
+    def _check(self):
+        if self.pending == 0 and self.tx == 0:
+            self.phase += 1
+            self.pending = self.count
+
+    def arrive(self, expect_tx=0):
+        self.tx += expect_tx
+        self.pending -= 1
+        assert self.pending >= 0, "more arrivals than the barrier's count in one phase"
+        self._check()
+
+    def complete_tx(self, nbytes):
+        self.tx -= nbytes
+        self._check()
+
+    def ready(self, parity):
+        return self.phase % 2 != parity
+
+
+def _exchange(warps, skips, rng, mutant=None):
+    """Run both ranks' holder warps over tiles (``skips``: the tiles whose
+    exchange is skipped, same for both ranks) in an order drawn from
+    ``rng``; check every read sees its own tile's partial sums and no send
+    overwrites a slot before rank 0 has read it.  Returns False on deadlock."""
+    bytes_per_warp = 16 * 32
+    red_full = _MBarrier(1)              # rank 0: expect_tx arrival + st.async bytes
+    red_empty = _MBarrier(warps)         # rank 1: one arrival per rank-0 holder warp
+    slot = [None] * warps                # the tile whose partial sums sit in warp w's slots
+    read = [None] * warps                # the last tile rank-0 warp w has read
+
+    def rank1(w):
+        phase = 0
+        for t, skip in enumerate(skips):
+            if skip:
+                continue
+            wait = phase if mutant == "rank1 parity" else phase ^ 1
+            while not red_empty.ready(wait):
+                yield False
+            assert slot[w] is None or read[w] == slot[w], "send overwrote unread partial sums"
+            slot[w] = t
+            red_full.complete_tx(bytes_per_warp)
+            phase ^= 1
+            yield True
+
+    def rank0(w):
+        phase = 0
+        for t, skip in enumerate(skips):
+            if skip:
+                continue
+            if w == 0:
+                red_full.arrive(expect_tx=warps * bytes_per_warp)
+            while not red_full.ready(phase):
+                yield False
+            if mutant == "release before read":
+                red_empty.arrive()
+                yield True                   # rank 1 may run between the two
+            assert slot[w] == t, f"rank 0 read tile {slot[w]}'s partial sums for tile {t}"
+            read[w] = t
+            if mutant != "release before read":
+                red_empty.arrive()           # the kernel: __syncwarp, then lane 0's release.cluster arrive
+            phase ^= 1
+            yield True
+
+    procs = [rank1(w) for w in range(warps)] + [rank0(w) for w in range(warps)]
+    blocked = set()
+    while procs:
+        runnable = [p for p in procs if p not in blocked]
+        if not runnable:
+            return False
+        p = rng.choice(runnable)
+        try:
+            progressed = next(p)
+        except StopIteration:
+            procs.remove(p)
+            blocked.clear()
+            continue
+        if progressed:
+            blocked.clear()
+        else:
+            blocked.add(p)
+    return True
+
+
+@settings(max_examples=200, deadline=None)
+@given(warps=st.sampled_from([1, 2, 4, 8]), skips=st.lists(st.booleans(), min_size=1, max_size=7),
+       seed=st.integers(0, 2 ** 32 - 1))
+def test_split_k_exchange_protocol(warps, skips, seed):
+    import random
+    assert _exchange(warps, skips, random.Random(seed)), "deadlock"
+
+
+@pytest.mark.parametrize("mutant", ["rank1 parity", "release before read"])
+def test_split_k_exchange_model_catches_mutants(mutant):
+    import random
+    caught = 0
+    for seed in range(200):
+        try:
+            caught += not _exchange(4, [False] * 4, random.Random(seed), mutant)
+        except AssertionError:
+            caught += 1
+    assert caught > 0, f"the model misses the planted bug: {mutant}"

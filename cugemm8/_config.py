@@ -52,8 +52,9 @@ in number and twice the tiles fit in one wave of ``num_sms``: on the H200
 (benches/results/sweep_v0.5_splitk.json) it made 64x16-class tiles 9-43 %
 faster (64x2112x7168: 64x32 split 10.3 us against 64x16 12.1 us; the N =
 576 shapes 1.4x; 5-39 % with the final kernel's cluster-scope exchange,
-benches/RESULTS.md v0.5), and every split of a tile with ``block_n`` >= 64
-slower (1-37 %), the cost model notwithstanding.
+benches/RESULTS.md v0.5).  Where filling the SMs with pairs needs
+``block_n`` >= 64, the best split was 0.6-37 % slower than the best unsplit
+tile, the cost model notwithstanding.
 
 Cost model
 ----------

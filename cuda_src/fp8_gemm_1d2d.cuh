@@ -56,6 +56,16 @@ __device__ __forceinline__ float fma_rn(float a, float b, float c) {
   return r;
 }
 
+// The split-K reductions' additions, for the same reason: a plain `+=`
+// compiles to FADD.FTZ under -ftz=true and flushed subnormal partial sums
+// (v0.2-v0.5 BLOCK_M = 64 kernels; tests/test_kernel_compile.py now rejects
+// any .FTZ arithmetic in the SASS).
+__device__ __forceinline__ float add_rn(float a, float b) {
+  float r;
+  asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
 }
@@ -528,7 +538,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
           named_barrier_sync(1, T::kNumMathThreads);
           if (warpgroup == 0) {
             #pragma unroll
-            for (uint32_t i = 0; i < kNumAccum; ++i) final_accum[0][i] += red[i * 128 + tid];
+            for (uint32_t i = 0; i < kNumAccum; ++i) final_accum[0][i] = add_rn(final_accum[0][i], red[i * 128 + tid]);
           }
           named_barrier_sync(1, T::kNumMathThreads);
         }
@@ -567,10 +577,10 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
               #pragma unroll
               for (uint32_t q = 0; q < kQuads; ++q) {
                 const float4 p = reinterpret_cast<const float4*>(cred)[(v * kQuads + q) * T::kNumHolderThreads + h];
-                final_accum[v][q * 4 + 0] += p.x;
-                final_accum[v][q * 4 + 1] += p.y;
-                final_accum[v][q * 4 + 2] += p.z;
-                final_accum[v][q * 4 + 3] += p.w;
+                final_accum[v][q * 4 + 0] = add_rn(final_accum[v][q * 4 + 0], p.x);
+                final_accum[v][q * 4 + 1] = add_rn(final_accum[v][q * 4 + 1], p.y);
+                final_accum[v][q * 4 + 2] = add_rn(final_accum[v][q * 4 + 2], p.z);
+                final_accum[v][q * 4 + 3] = add_rn(final_accum[v][q * 4 + 3], p.w);
               }
             }
             // Reads done: rank 1 may send the next tile's partial sums.  The

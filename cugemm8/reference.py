@@ -776,7 +776,8 @@ def _fp32_scale_products(sfa64: np.ndarray, sfb64: np.ndarray, n: int) -> np.nda
 
 def promoted_accumulation_model(a_bits, sfa, b_bits, sfb, *,
                                 mantissa_bits: int = TENSOR_CORE_MANTISSA_BITS,
-                                tensor_core: str = "round") -> np.ndarray:
+                                tensor_core: str = "round", k_splits: int = 1,
+                                warpgroup_split: bool = False) -> np.ndarray:
     """Model of the promoted kernel's FP32 accumulator (before BF16 rounding).
 
     For each 128-K block ``kb`` in increasing order::
@@ -797,7 +798,21 @@ def promoted_accumulation_model(a_bits, sfa, b_bits, sfb, *,
     ``round_to_bf16`` of this model equalled the kernel's BF16 output bit for
     bit on all 387,296 outputs compared (shapes 64x128x128 to 200x264x2048
     and 1x2112x7168; random codes, block-varied normal, uniform positive and
-    log-normal data).
+    log-normal data; v0.1, whose kernels all summed in block order).
+
+    Kernels that split K sum in another order, which ``k_splits`` and
+    ``warpgroup_split`` select (cuda_src/fp8_gemm_1d2d.cuh):
+
+    - ``warpgroup_split`` (every BLOCK_M = 64 kernel): within each CTA's
+      share of K, local blocks ``j`` with ``j % 2 == w`` are chained by
+      warpgroup ``w`` from zero, then ``final = fl32(chain_0 + chain_1)``;
+    - ``k_splits = 2`` (``GemmConfig.num_k_splits``): CTA ``r`` of the pair
+      takes blocks ``[r nkb/2, (r + 1) nkb/2)`` (``nkb`` even), and
+      ``final = fl32(part_0 + part_1)``.
+
+    All additions keep subnormals (``add.rn.f32``).  The split orders have
+    not been compared bit for bit on a GPU yet; :func:`error_bound` covers
+    every order (its FP32 term bounds any summation tree of ``nkb`` terms).
 
     Parameters
     ----------
@@ -808,6 +823,10 @@ def promoted_accumulation_model(a_bits, sfa, b_bits, sfb, *,
         ``"round"`` (default: the block's exact sum rounded to nearest with
         ``mantissa_bits`` fraction bits), ``"truncate"``, ``"exact"`` or
         ``"hopper"`` (per-k32 emulation; see :func:`tensor_core_partial_sums`).
+    k_splits : int, keyword-only
+        1 (default) or 2: K split across a CTA pair (see above).
+    warpgroup_split : bool, keyword-only
+        The BLOCK_M = 64 kernels' even / odd split between two warpgroups.
 
     Returns
     -------
@@ -816,15 +835,37 @@ def promoted_accumulation_model(a_bits, sfa, b_bits, sfb, *,
     Raises
     ------
     ValueError
-        On shape mismatch or unknown model.
+        On shape mismatch, unknown model, ``k_splits`` not 1 or 2, or
+        ``k_splits = 2`` with an odd number of 128-K blocks.
     """
     a, sa, b, sb = _check_gemm_2d(a_bits, sfa, b_bits, sfb)
+    nkb = _ceil_div(a.shape[1], BLOCK_K)
+    if k_splits not in (1, 2) or isinstance(k_splits, bool):
+        raise ValueError(f"k_splits must be 1 or 2, got {k_splits!r}")
+    if k_splits == 2 and nkb % 2:
+        raise ValueError(f"k_splits = 2 needs an even number of 128-K blocks, got {nkb}")
     p = tensor_core_partial_sums(a, b, mantissa_bits=mantissa_bits, model=tensor_core)
     w = _fp32_scale_products(sa, sb, b.shape[0])
-    final = np.zeros(p.shape[:2], dtype=np.float32)
-    for j in range(p.shape[2]):
-        final = _fma_f32(w[:, :, j], p[:, :, j], final.astype(np.float64))
-    return final
+
+    def chain(blocks):
+        final = np.zeros(p.shape[:2], dtype=np.float32)
+        for j in blocks:
+            final = _fma_f32(w[:, :, j], p[:, :, j], final.astype(np.float64))
+        return final
+
+    def add(x, y):
+        # float32 addition, round to nearest: the float64 sum rounded to
+        # float32 is correctly rounded (53 >= 2 * 24 + 2; S. Figueroa, "When is
+        # double rounding innocuous?", SIGNUM 1995), subnormals kept.
+        return (x.astype(np.float64) + y.astype(np.float64)).astype(np.float32)
+
+    per_cta = nkb // k_splits
+    total = None
+    for r in range(k_splits):
+        blocks = list(range(r * per_cta, (r + 1) * per_cta))
+        part = add(chain(blocks[0::2]), chain(blocks[1::2])) if warpgroup_split else chain(blocks)
+        total = part if total is None else add(total, part)
+    return total
 
 
 def _fma_f32(w: np.ndarray, p: np.ndarray, f: np.ndarray) -> np.ndarray:

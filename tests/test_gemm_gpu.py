@@ -144,6 +144,31 @@ def test_forced_split_k_configs(cp, bm, bn, stages, k, num_sms):
     assert bool(cp.all(outs[0].view(cp.uint16) == outs[1].view(cp.uint16)))
 
 
+@pytest.mark.parametrize("bm,bn,stages,splits", [(64, 32, 8, 1), (64, 32, 8, 2), (128, 32, 8, 2),
+                                                  (128, 64, 6, 1)])
+def test_split_k_keeps_subnormal_partial_sums(cp, bm, bn, stages, splits):
+    """A = B = 1.0, SFA = 1, SFB = 2^-140: each 128-K block adds 128 * 2^-140 =
+    2^-133, an FP32 subnormal, and the 8 blocks sum to 2^-130, exact in FP32
+    and in BF16.  The split-K reductions (BLOCK_M = 64 inside a CTA; K across
+    a CTA pair) add subnormal partial sums: a flush-to-zero add (v0.2-v0.5)
+    gives 0.  Bits are compared on the host (CuPy's kernels flush too)."""
+    import ml_dtypes
+    m, n, k = 130, 256, 1024
+    a = cp.full((m, k), 0x38, cp.uint8)                 # e4m3 1.0
+    b = cp.full((n, k), 0x38, cp.uint8)
+    sfa = cp.asarray(np.ones((m, k // 128), np.float32))
+    sfb = cp.asarray(np.full((n // 128, k // 128), 2.0 ** -140, np.float32))
+    cfg = _config.make_config("normal", bm, bn, stages, k, num_k_splits=splits, num_sms=132)
+    assert _config.is_legal(cfg, k=k)[0]
+    out, full = H.poisoned_out(cp, m, n)
+    _gemm._launch(cfg, "normal", n, k, 1, m, m, a, cugemm8.get_col_major_tma_aligned_tensor(sfa), b, sfb,
+                  out, None, 1)
+    want = np.array(2.0 ** -130, ml_dtypes.bfloat16).view(np.uint16)
+    got = cp.asnumpy(out.view(cp.uint16))
+    assert np.all(got == want), f"{cfg}: {np.unique(got)[:4]} instead of 0x{int(want):04x}"
+    assert H.guards_intact(cp, full, m, n)
+
+
 def test_m_zero_launches_nothing(cp):
     a = cp.zeros((0, 7168), cp.uint8)
     sfa = cp.zeros((0, 56), cp.float32)

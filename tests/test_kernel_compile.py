@@ -81,6 +81,11 @@ def test_sass_uses_fp8_wgmma(report):
         name = body.splitlines()[0].strip()
         assert "QGMMA" in body, f"{name}: no FP8 WGMMA (QGMMA) in SASS"
         assert "LDL" not in body and "STL" not in body, f"{name}: local-memory traffic"
+        # CuPy compiles with -ftz=true: every FP32 operation on accumulators
+        # and scales must be an explicit .rn form (subnormals kept), or a
+        # tiny partial sum is flushed (the split-K reductions were, to v0.5)
+        ftz = re.findall(r"\bF(?:ADD|MUL|FMA)\S*\.FTZ\b", body)
+        assert not ftz, f"{name}: flush-to-zero arithmetic {sorted(set(ftz))}"
 
 
 def test_split_k_exchange_uses_cluster_scope(report):

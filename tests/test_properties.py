@@ -306,6 +306,23 @@ def test_promoted_models_within_error_bound(seed, m, n, k, kind, tc, decade):
     assert np.all(np.abs(y32.astype(np.float64) - ref) <= b32)
 
 
+@settings(max_examples=80, **SETTINGS)
+@given(seed=seeds, m=st.integers(1, 8), n=st.integers(1, 40), kb=st.integers(1, 12),
+       kind=kinds, k_splits=st.sampled_from([1, 2]), warpgroup_split=st.booleans(),
+       decade=st.integers(-10, 10))
+def test_split_k_orders_within_error_bound(seed, m, n, kb, kind, k_splits, warpgroup_split, decade):
+    # the kernels' split-K summation orders (BLOCK_M = 64 warpgroups, CTA pairs)
+    k = 128 * (kb + kb % 2 if k_splits == 2 else kb)
+    a, sa = R.per_token_cast_to_fp8(_data(seed, (m, k), decade, kind))
+    b, sb = R.per_block_cast_to_fp8(_data(seed + 1, (n, k), 0, kind))
+    ref = R.ref_gemm_nt(a, sa, b, sb)
+    y32 = R.promoted_accumulation_model(a, sa, b, sb, tensor_core="hopper", k_splits=k_splits,
+                                        warpgroup_split=warpgroup_split)
+    assert np.all(np.abs(y32.astype(np.float64) - ref) <= R.error_bound(a, sa, b, sb, output="float32"))
+    y = R.round_to_bf16(y32).astype(np.float64)
+    assert np.all(np.abs(y - ref) <= R.error_bound(a, sa, b, sb))
+
+
 @settings(max_examples=40, **SETTINGS)
 @given(seed=seeds, m=st.integers(1, 24), n=st.integers(1, 24),
        kb=st.sampled_from([1, 2, 8, 32, 57, 128]), kind=st.sampled_from(["positive", "normal", "wide"]))

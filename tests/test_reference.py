@@ -554,6 +554,31 @@ def test_long_k_promoted_model_at_64x64():
     assert np.all(bound <= 0.02 * ref)
 
 
+@pytest.mark.parametrize("k_splits,warpgroup_split", [(1, False), (1, True), (2, False), (2, True)])
+def test_split_orders_keep_subnormal_partial_sums(k_splits, warpgroup_split):
+    # tests/test_gemm_gpu.py::test_split_k_keeps_subnormal_partial_sums on the
+    # CPU: every block adds 2^-133 (subnormal), 8 blocks give 2^-130 exactly
+    # in every summation order; a flush-to-zero add would give 0.
+    a = np.full((3, 1024), 0x38, np.uint8)
+    b = np.full((256, 1024), 0x38, np.uint8)
+    sa = np.ones((3, 8), np.float32)
+    sb = np.full((2, 8), 2.0 ** -140, np.float32)
+    y = R.promoted_accumulation_model(a, sa, b, sb, tensor_core="hopper", k_splits=k_splits,
+                                      warpgroup_split=warpgroup_split)
+    assert np.all(y == np.float32(2.0 ** -130))
+    assert np.all(R.round_to_bf16(y).astype(np.float64) == 2.0 ** -130)
+
+
+def test_split_order_arguments_checked():
+    a = np.full((1, 384), 0x38, np.uint8)
+    b = np.full((8, 384), 0x38, np.uint8)
+    sa, sb = np.ones((1, 3), np.float32), np.ones((1, 3), np.float32)
+    with pytest.raises(ValueError, match="even number"):
+        R.promoted_accumulation_model(a, sa, b, sb, k_splits=2)
+    with pytest.raises(ValueError, match="k_splits"):
+        R.promoted_accumulation_model(a, sa, b, sb, k_splits=3)
+
+
 def test_error_bound_float32_output_is_smaller():
     rng = np.random.default_rng(19)
     a, sa = R.per_token_cast_to_fp8(rng.standard_normal((4, 512)))

@@ -587,7 +587,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
             // warp's reads are ordered before lane 0's cluster-scope release
             // (rank 1 overwrites this buffer once its acquire-wait returns).
             __syncwarp();
-            if (lane == 0) mbarrier_arrive_cluster_release(red_empty_bar, 1);
+            if (lane == 0) mbarrier_arrive_cluster<true>(red_empty_bar, 1);
           }
           red_phase ^= 1;
         }

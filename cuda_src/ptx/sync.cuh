@@ -29,43 +29,39 @@ __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 
-// Arrive on the barrier at the same shared-memory offset in CTA `cta_rank` of
-// this cluster (mapa translates the address into the cluster window).  The
-// arrival keeps the default .release.cta semantics: a consumer only signals
-// that its WGMMAs (complete after wgmma.wait_group) stopped reading the stage,
-// which needs no ordering of its own memory operations at cluster scope.
-// ".release.cluster" compiles to MEMBAR.ALL.GPU before every arrival (seen in
-// the SASS), a full GPU-scope fence per warp per K block, which cost the 2-CTA
-// multicast kernels 25-50 % (benches/RESULTS.md v0.1).  CUTLASS's
-// ClusterBarrier::arrive(cta_id) uses the same default-scope form.
-__device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t cta_rank) {
-  asm volatile(
-      "{\n.reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}"
-      ::"r"(smem_addr(bar)), "r"(cta_rank) : "memory");
-}
-
-// As mbarrier_arrive_cluster, with .release at cluster scope: this thread's
-// earlier memory operations (and, after a __syncwarp, its warp's) are ordered
-// before the peer's acquire-wait on the barrier returns.  For a buffer the
-// peer overwrites after the wait (split K's partial-tile exchange), which
-// the default .release.cta does not cover across CTAs.  Costs a GPU-scope
-// fence (MEMBAR), so it is used once per warp per tile, never per K block.
-__device__ __forceinline__ void mbarrier_arrive_cluster_release(uint64_t* bar, uint32_t cta_rank) {
-  asm volatile(
-      "{\n.reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}"
-      ::"r"(smem_addr(bar)), "r"(cta_rank) : "memory");
-}
-
 // Address of the same shared-memory offset in CTA `cta_rank` of this
 // cluster, in the shared::cluster window (PTX ISA: mapa).
 __device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t cta_rank) {
   uint32_t r;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(cta_rank));
   return r;
+}
+
+// Arrive on the barrier at the same shared-memory offset in CTA `cta_rank` of
+// this cluster (mapa translates the address into the cluster window).
+//
+// By default the arrival has .release.cta semantics: a consumer
+// only signals that its WGMMAs (complete after wgmma.wait_group) stopped
+// reading the stage, which needs no ordering of its own memory operations at
+// cluster scope.  ".release.cluster" compiles to MEMBAR.ALL.GPU before every
+// arrival (seen in the SASS), a full GPU-scope fence per warp per K block,
+// which cost the 2-CTA multicast kernels 25-50 % (benches/RESULTS.md v0.1).
+// CUTLASS's ClusterBarrier::arrive(cta_id) uses the same default-scope form.
+//
+// kReleaseCluster: .release at cluster scope, so this thread's earlier memory
+// operations (and, after a __syncwarp, its warp's) are ordered before the
+// peer's acquire-wait on the barrier returns: for a buffer the peer
+// overwrites after the wait (split K's partial-tile exchange), which
+// .release.cta does not cover across CTAs.  Used once per warp per tile,
+// never per K block.
+template <bool kReleaseCluster = false>
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t cta_rank) {
+  const uint32_t remote = mapa_shared(smem_addr(bar), cta_rank);
+  if constexpr (kReleaseCluster) {
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+  } else {
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+  }
 }
 
 // Asynchronous 16-byte store into a peer CTA's shared memory that signals

@@ -132,7 +132,7 @@ struct SmemLayout {
   static constexpr uint32_t kOffReduce = kD;
   static constexpr uint32_t kOffClusterRed = kD + kReduce;
   static constexpr uint32_t kOffClusterBar = kOffClusterRed + kClusterRedData;
-  static constexpr uint32_t kOffA = kD + kReduce + kClusterRed;
+  static constexpr uint32_t kOffA = kOffClusterRed + kClusterRed;
   static constexpr uint32_t kOffB = kOffA + kNumStages * kA;
   static constexpr uint32_t kOffSFA = kOffB + kNumStages * kB;
   static constexpr uint32_t kOffSFB = kOffSFA + kNumStages * kSFA;
@@ -557,7 +557,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
           float* cred = reinterpret_cast<float*>(smem + Smem::kOffClusterRed);
           if (rank == 1) {
             // Rank 0 must have read the previous tile's partial sums.
-            mbarrier_wait_acquire_cluster(red_empty_bar, red_phase ^ 1);
+            mbarrier_wait<true>(red_empty_bar, red_phase ^ 1);
             const uint32_t remote_bar = mapa_shared(smem_addr(red_full_bar), 0);
             const uint32_t remote = mapa_shared(smem_addr(cred), 0);
             #pragma unroll
@@ -571,7 +571,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
             }
           } else {
             if (h == 0) mbarrier_arrive_expect_tx(red_full_bar, Smem::kClusterRedData);
-            mbarrier_wait_acquire_cluster(red_full_bar, red_phase);
+            mbarrier_wait<true>(red_full_bar, red_phase);
             #pragma unroll
             for (uint32_t v = 0; v < kWaves; ++v) {
               #pragma unroll

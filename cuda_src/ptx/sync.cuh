@@ -75,24 +75,25 @@ __device__ __forceinline__ void st_async_v4(uint32_t remote_addr, float a, float
       ::"r"(remote_addr), "f"(a), "f"(b), "f"(c), "f"(d), "r"(remote_bar) : "memory");
 }
 
-__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}"
-      ::"r"(smem_addr(bar)), "r"(parity) : "memory");
-}
+// Spin on try_wait.parity until the phase of parity %1 has completed; SEM
+// is the instruction's memory-ordering qualifier ("" for the default
+// .acquire.cta).
+#define CUGEMM8_MBARRIER_WAIT_LOOP(SEM)                                  \
+  "{\n.reg .pred done;\n"                                               \
+  "WAIT_%=:\n"                                                          \
+  "mbarrier.try_wait.parity" SEM ".shared::cta.b64 done, [%0], %1;\n"   \
+  "@!done bra WAIT_%=;\n}"
 
-// As mbarrier_wait, with .acquire at cluster scope: pairs with a peer CTA's
-// .release.cluster arrival or st.async complete_tx on this barrier.
-__device__ __forceinline__ void mbarrier_wait_acquire_cluster(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}"
-      ::"r"(smem_addr(bar)), "r"(parity) : "memory");
+// kAcquireCluster: .acquire at cluster scope, pairing with a peer CTA's
+// .release.cluster arrival or st.async complete_tx on this barrier (split
+// K's partial-tile exchange).
+template <bool kAcquireCluster = false>
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  if constexpr (kAcquireCluster) {
+    asm volatile(CUGEMM8_MBARRIER_WAIT_LOOP(".acquire.cluster") ::"r"(smem_addr(bar)), "r"(parity) : "memory");
+  } else {
+    asm volatile(CUGEMM8_MBARRIER_WAIT_LOOP("") ::"r"(smem_addr(bar)), "r"(parity) : "memory");
+  }
 }
 
 // Named barrier `id` (1..15) over `num_threads` threads (a multiple of 32).

@@ -55,40 +55,31 @@ def anchor_config(shape: Shape):
 
 def parse_config(text: str, shape: Shape, num_sms: int):
     """A GemmConfig from 'BMxBN sS [c2|c2B|k2]' with the largest legal grid, or None."""
-    from cugemm8 import _config
     mt = re.fullmatch(r"(\d+)x(\d+) s(\d+)(?: (c2B?|k2))?", text)
     bm, bn, stages = (int(mt.group(i)) for i in (1, 2, 3))
-    if mt.group(4) == "k2":
-        return split_k_config(shape, bm, bn, num_sms, stages)
-    mc = 2 if mt.group(4) else 1
-    on_a = mt.group(4) == "c2"
-    stages = min(stages, _config.max_stages(bm, bn, shape.k) or stages)
+    splits = 2 if mt.group(4) == "k2" else 1
+    mc = 2 if mt.group(4) in ("c2", "c2B") else 1
+    return forced_config(shape, bm, bn, stages, num_sms, mc=mc, on_a=mt.group(4) == "c2", splits=splits)
+
+
+def forced_config(shape: Shape, bm: int, bn: int, stages: int, num_sms: int, *, mc: int = 1,
+                  on_a: bool = False, splits: int = 1):
+    """The config of a tile, at most ``stages`` deep, on as many CTAs as it
+    has tiles to run (up to the SMs available; a multiple of the cluster
+    size), or None if illegal."""
+    from cugemm8 import _config
+    stages = min(stages, _config.max_stages(bm, bn, shape.k, num_k_splits=splits) or stages)
     m = shape.m * shape.num_groups if shape.kind == "contiguous" else shape.m
+    cluster = mc * splits
+
+    def make(grid):
+        return _config.make_config(shape.kind, bm, bn, stages, shape.k, num_multicast=mc,
+                                   multicast_on_a=on_a, num_k_splits=splits, num_sms=grid)
     try:
-        _, executed, _ = _config.tile_counts(
-            _config.make_config(shape.kind, bm, bn, stages, shape.k, num_multicast=mc,
-                                multicast_on_a=on_a, num_sms=2), m, shape.n, shape.num_groups)
+        _, executed, _ = _config.tile_counts(make(2), m, shape.n, shape.num_groups)
     except Exception:
         return None
-    grid = min(num_sms - num_sms % mc, executed)
-    cfg = _config.make_config(shape.kind, bm, bn, stages, shape.k, num_multicast=mc,
-                              multicast_on_a=on_a, num_sms=max(grid, mc))
-    ok, _ = _config.is_legal(cfg, k=shape.k, available_sms=num_sms)
-    return cfg if ok else None
-
-
-def split_k_config(shape: Shape, bm: int, bn: int, num_sms: int, stages: int = 16):
-    """The split-K (cluster of 2) config of a tile, at most ``stages`` deep,
-    with one CTA pair per tile up to the SMs available, or None if illegal."""
-    from cugemm8 import _config
-    stages = min(stages, _config.max_stages(bm, bn, shape.k, num_k_splits=2))
-    m = shape.m * shape.num_groups if shape.kind == "contiguous" else shape.m
-    groups = shape.num_groups if shape.kind == "masked" else 1
-    tiles = groups * -(-m // bm) * -(-shape.n // bn)
-    grid = min(num_sms - num_sms % 2, 2 * tiles)
-    if not stages or grid < 2:
-        return None
-    cfg = _config.make_config(shape.kind, bm, bn, stages, shape.k, num_k_splits=2, num_sms=grid)
+    cfg = make(max(min(num_sms - num_sms % cluster, executed), cluster))
     ok, _ = _config.is_legal(cfg, k=shape.k, available_sms=num_sms)
     return cfg if ok else None
 
@@ -99,15 +90,15 @@ def split_k_candidates(shape: Shape, count: int, num_sms: int) -> list:
     M is above 64)."""
     from cugemm8 import _config
     m = shape.m * shape.num_groups if shape.kind == "contiguous" else shape.m
-    groups = shape.num_groups if shape.kind == "masked" else 1
     found = []
     for bm in (64, 128) if m > 64 else (64,):
         for bn in _config.candidate_block_ns(bm):
-            ctas = 2 * groups * -(-m // bm) * -(-shape.n // bn)
+            cfg = forced_config(shape, bm, bn, 16, num_sms, splits=2)
+            if cfg is None:
+                continue
+            ctas = _config.tile_counts(cfg, m, shape.n, shape.num_groups)[1]
             if num_sms // 2 <= ctas <= num_sms:
-                cfg = split_k_config(shape, bm, bn, num_sms)
-                if cfg is not None:
-                    found.append((-ctas, bm, bn, cfg))
+                found.append((-ctas, bm, bn, cfg))
     return [cfg for *_, cfg in sorted(found, key=lambda e: e[:3])[:count]]
 
 

@@ -325,6 +325,14 @@ def to_f64(x):
     return x.astype(cupy.float32).astype(cupy.float64)
 
 
+def record_failure(failures: list, what: str, exc: Exception) -> None:
+    """Print ``exc``'s traceback and record ``"{what}: {type}: {message}"``;
+    the run goes on (every rank keeps to the NCCL protocol) and reports the
+    failures at the end."""
+    traceback.print_exc()
+    failures.append(f"{what}: {type(exc).__name__}: {exc}")
+
+
 def rel_l2(got, ref) -> float:
     """||got - ref|| / ||ref|| in float64."""
     import cupy
@@ -611,8 +619,7 @@ def run_tp(rank: int, n: int, comm, nccl, opts: dict, say) -> list[str]:
             say("tp-mlp: quantised slices == slices of the quantised full weights, on every rank: "
                 + ("ok" if not problems else f"FAILED ({len(problems)}: {problems[0]})"))
         except Exception as exc:         # keep the NCCL protocol going; report at the end
-            traceback.print_exc()
-            failures.append(f"tp-mlp setup on rank 0: {type(exc).__name__}: {exc}")
+            record_failure(failures, "tp-mlp setup on rank 0", exc)
             full = None
     for tokens in opts["tokens"]:
         x = tp_activations(tokens, seed=seed)
@@ -636,8 +643,7 @@ def run_tp(rank: int, n: int, comm, nccl, opts: dict, say) -> list[str]:
                          f"{'ok' if ok1 else 'FAILED'}, vs float64 unquantised {e64:.2e} "
                          f"(< {TP_TOL_VS_F64:g}) {'ok' if ok64 else 'FAILED'}")
             except Exception as exc:
-                traceback.print_exc()
-                failures.append(f"tp-mlp tokens={tokens} check: {type(exc).__name__}: {exc}")
+                record_failure(failures, f"tp-mlp tokens={tokens} check", exc)
         say(line + ("" if finite else " NON-FINITE"))
         if not opts["check_only"]:
             times = time_on_stream(
@@ -815,8 +821,7 @@ def run_ep(rank: int, n: int, comm, nccl, opts: dict, say) -> list[str]:
                          f"{err:.2e} (worst token {float(rows_err.max()):.2e}) (< {EP_TOL:g}) "
                          f"{'ok' if ok else 'FAILED'}")
             except Exception as exc:
-                traceback.print_exc()
-                failures.append(f"ep-moe tokens={tokens} check: {type(exc).__name__}: {exc}")
+                record_failure(failures, f"ep-moe tokens={tokens} check", exc)
         say(line)
         if not opts["check_only"]:
             samples = []

@@ -139,7 +139,7 @@ C_TILE + BM*BN/64 is the per-tile B-scale load, syncs and D staging
   MULTICAST_MIN_ROWS (512) rows of work (m, m_sum, or num_groups *
   expected_m), after DeepGEMM's generation-2 "m >= 512" rule and its
   generation-3 "no multicast in one wave" rule.  Both sides are scored.
-  MULTICAST_ENABLED is off for now (see its comment).
+  Only the kinds in MULTICAST_KINDS consider it (see its comment).
 - The DRAM roof (unique bytes / HBM bandwidth) is the same for every
   candidate of a shape and so is left out of the ranking.
 
@@ -188,16 +188,19 @@ RUNTIME_SELECT = 1.25               # promotion with a run-time B-scale row sele
 MAX_BOUNDARY_VARIANTS = 8           # the kernel's kMaxFormerVariants (fp8_gemm_1d2d.cuh)
 MC_PENALTY = 0.02                   # multicast lock-step overhead
 C_TWO_PASS = 2300.0                 # contiguous, BLOCK_M = 256: per tile (measured, see _score)
-#: Whether select_config may choose TMA multicast.  Off.  The v0.1 sweep
-#: measured multicast 25-50 % slower than the same tile without it.  With the
-#: remote-arrival fence fixed, the v0.3 sweep (benches/results/sweep_v0.3.json)
-#: has it, on each shape's fastest tile, at -2..+5 % of the same tile without
-#: it on the normal and contiguous GEMMs with >= 512 rows (-2.1 % at best,
-#: 256x128 on 4096x7168x16384) and +2..+8 % on the masked ones; its larger
-#: gains (7-12 %) are only on tiles still >= 8 % slower than the best.  No
-#: consistent gain above the 2-3 % run-to-run noise, so the heuristic leaves
-#: it out.  Forced configurations (make_config) can use it.
-MULTICAST_ENABLED = False
+#: The kinds whose candidates include TMA multicast (select_config).  The
+#: v0.1 sweep measured multicast 25-50 % slower than the same tile without
+#: it; with the remote-arrival fence fixed, the v0.3 sweep
+#: (benches/results/sweep_v0.3.json) had it at -2..+5 % on the normal and
+#: contiguous GEMMs with >= 512 rows and +2..+8 % on the masked ones, so it
+#: stayed out.  v0.6 re-measured it on the current kernel
+#: (benches/results/variants_v0.6/run_contig_mc.log, alternating runs): on
+#: the contiguous layout A multicast is 2.5-2.8 % faster at K = 2048 (128x192:
+#: 749-757 vs 770-778 us, three pairs on each shape) and 0.8-1.2 % at
+#: K = 7168 (256x128), every pair the same way; on the normal GEMM at
+#: M = 4096 it stays within -1..+2 % (run_mc4096.log), so only the contiguous
+#: layout uses it.  Forced configurations (make_config) can use it anywhere.
+MULTICAST_KINDS = ("contiguous",)
 # Split K across a cluster of 2 (num_k_splits = 2): one wave only, BLOCK_M
 # 64 or 128, BLOCK_N <= 32, an even number of K blocks; C_SPLIT cycles per
 # tile for the DSMEM exchange of the FP32 partial tile (module docstring).
@@ -611,7 +614,7 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit):
                 continue
             mb, nb = _ceil_div(m_eff, bm), _ceil_div(n, bn)
             options = [(1, False, 1, stages)]
-            if MULTICAST_ENABLED and num_sms >= 2 and rows_of_work >= MULTICAST_MIN_ROWS:
+            if kind in MULTICAST_KINDS and num_sms >= 2 and rows_of_work >= MULTICAST_MIN_ROWS:
                 options.append((2, True, 1, stages))
                 if kind == "normal":
                     options.append((2, False, 1, stages))

@@ -83,7 +83,7 @@ def test_contiguous_sweep(cp, sizes, n, k, seed):
 # straddle two experts (or an expert and padding) and need the second pass.
 STRADDLING_SIZES = [128, 384, 0, 200, 256, 1, 129, 640]
 CONTIGUOUS_FORCED = [(256, 128, 3, 1, False), (256, 112, 3, 1, False), (256, 128, 3, 2, True),
-                     (128, 64, 4, 1, False), (64, 32, 8, 1, False)]
+                     (128, 192, 4, 2, True), (128, 64, 4, 1, False), (64, 32, 8, 1, False)]
 
 
 @pytest.mark.parametrize("bm,bn,stages,mc,on_a", CONTIGUOUS_FORCED)
@@ -99,7 +99,7 @@ def test_contiguous_forced_configs(cp, bm, bn, stages, mc, on_a, num_sms):
         check_contiguous(cp, np.random.default_rng(bm * bn + num_sms), STRADDLING_SIZES, n, k)
 
 
-@pytest.mark.parametrize("forced", [None, (256, 128, 3), (128, 128, 4)])
+@pytest.mark.parametrize("forced", [None, (256, 128, 3), (256, 128, 3, 2), (128, 128, 4)])
 def test_contiguous_two_pass_edge_layouts(cp, forced):
     # 128-row blocks: [e0, e0 | e1 (+ padding rows), all padding | all
     # padding, e2 (+ a stray e3 row: NaN) | e3, cut short].  With 256-row tiles:
@@ -113,7 +113,11 @@ def test_contiguous_two_pass_edge_layouts(cp, forced):
     bad = 5 * 128 + 17
     idx[bad] = 3                                    # a layout violation in expert 2's block
     idx = idx[:6 * 128 + 88]                        # the last block is cut short
-    cfg = None if forced is None else _config.make_config("contiguous", *forced, k, num_sms=132)
+    cfg = None
+    if forced is not None:                          # (BM, BN, stages[, 2: A multicast])
+        mc = forced[3] if len(forced) > 3 else 1
+        cfg = _config.make_config("contiguous", *forced[:3], k, num_multicast=mc,
+                                  multicast_on_a=mc == 2, num_sms=132)
     with _gemm._forced_config(cfg):
         check_contiguous_layout(cp, np.random.default_rng(7), idx, g, n, k, junk_padding=False,
                                 nan_rows=(bad,))
@@ -192,11 +196,16 @@ def test_masked_table(cp, g, m_max, n, k):
 
 
 @pytest.mark.parametrize("num_experts", [510, 512])
-def test_contiguous_two_pass_every_tile_mixed(cp, num_experts):
+@pytest.mark.parametrize("mc", [1, 2])
+def test_contiguous_two_pass_every_tile_mixed(cp, num_experts, mc):
     # 128-row experts: every 256-row tile holds two experts, so every tile
-    # runs both passes, each with its own expert (hundreds of experts).
-    n, k = 128, 256
-    cfg = _config.make_config("contiguous", 256, 128, 3, k, num_sms=132)
+    # runs both passes, each with its own expert (hundreds of experts).  With
+    # A multicast (the heuristic's choice for this layout since v0.6) the two
+    # CTAs of a cluster take two n-blocks of the same 256 rows, in lock-step
+    # through both passes.
+    n, k = 128 * mc, 256
+    cfg = _config.make_config("contiguous", 256, 128, 3, k, num_multicast=mc,
+                              multicast_on_a=mc == 2, num_sms=132)
     assert _config.is_legal(cfg, k=k)[0]
     with _gemm._forced_config(cfg):
         check_contiguous(cp, np.random.default_rng(num_experts), [128] * num_experts, n, k)

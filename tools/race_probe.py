@@ -2,9 +2,11 @@
 
     python tools/race_probe.py KIND BMxBN STAGES MC [GRID]
 
-KIND normal (M=333, N=320, K=640) or masked (4 groups, m_max=200,
-masked_m = 0, 1, 137, 200); MC 1, 2A, 2B, or k2 (split K across the CTA
-pair; K=768, an even number of K blocks).  The result is checked."""
+KIND normal (M=333, N=320, K=640), masked (4 groups, m_max=200,
+masked_m = 0, 1, 137, 200) or contiguous (5 experts of 200 +- 30% rows,
+each padded to 128 rows: with BLOCK_M = 256 some tiles straddle two experts
+and run both passes); MC 1, 2A, 2B, or k2 (split K across the CTA pair;
+K=768, an even number of K blocks).  The result is checked."""
 import sys
 
 import numpy as np
@@ -19,8 +21,9 @@ kind, tile, stages, mc = sys.argv[1:5]
 grid = int(sys.argv[5]) if len(sys.argv) > 5 else 8
 bm, bn = (int(x) for x in tile.split("x"))
 k = 768 if mc == "k2" else 640
-shape = Shape("normal", 333, 320, k) if kind == "normal" else Shape("masked", 200, 320, k, 4)
-ops = make_operands(shape, cp, seed=3)
+shape = {"normal": Shape("normal", 333, 320, k), "masked": Shape("masked", 200, 320, k, 4),
+         "contiguous": Shape("contiguous", 200, 320, k, 5)}[kind]
+ops = make_operands(shape, cp, seed=3, vary=kind == "contiguous")
 if kind == "masked":
     host = np.array([0, 1, 137, 200], np.int32)
     ops.update(masked_m=cp.asarray(host), masked_host=host.tolist(),

@@ -521,10 +521,10 @@ def _validate(kind, m, n, k, num_groups, num_sms, smem_limit):
     smem_limit = _as_int("smem_limit", smem_limit)
     if m < 0:
         raise ValueError(f"m must be >= 0, got {m}")
-    if n <= 0:
-        raise ValueError(f"n must be > 0, got {n}")
-    if k <= 0:
-        raise ValueError(f"k must be > 0, got {k}")
+    if n <= 0 or n % 8:
+        raise ValueError(f"n = {n} must be a positive multiple of 8 (16-byte BF16 output rows)")
+    if k <= 0 or k % 16:
+        raise ValueError(f"k = {k} must be a positive multiple of 16 (16-byte FP8 rows for TMA)")
     if num_groups < 1:
         raise ValueError(f"num_groups must be >= 1, got {num_groups}")
     if kind == "normal" and num_groups != 1:

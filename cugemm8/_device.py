@@ -191,14 +191,21 @@ def set_num_sms(num_sms: int, device_id: int | None = None) -> None:
     Applies to the current device (or ``device_id``) only, e.g. to leave SMs
     free for communication kernels running concurrently.  Raises
     ``ValueError`` unless ``1 <= num_sms <=`` the device's SM count,
-    ``TypeError`` if it is not an integer, and :class:`DeviceError` without a
+    ``TypeError`` if ``num_sms`` (or ``device_id``) is not an integer, and
+    :class:`DeviceError` without a
     usable device.
     """
     if isinstance(num_sms, bool) or not isinstance(num_sms, numbers.Integral):
         raise TypeError(f"num_sms must be an int, got {type(num_sms).__name__}")
     num_sms = int(num_sms)
+    if num_sms < 1:     # before any device lookup: a ValueError on any machine
+        raise ValueError(f"num_sms={num_sms} must be >= 1")
+    if device_id is not None and (isinstance(device_id, bool)
+                                  or not isinstance(device_id, numbers.Integral)):
+        raise TypeError(f"device_id must be an int or None, got {type(device_id).__name__}")
     if device_id is None:
         device_id = current_device_id()
+    device_id = int(device_id)
     total = _device_info(device_id)["num_sms"]
     if not 1 <= num_sms <= total:
         raise ValueError(f"num_sms={num_sms} must be in [1, {total}] "

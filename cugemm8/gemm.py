@@ -78,6 +78,10 @@ def _as_fp8(name: str, x, ndim: int, cupy):
         raise ValueError(f"{name} must be {ndim}-D, got shape {x.shape}")
     if x.size == 0:
         return x          # nothing is read from an empty operand
+    if x.shape[-1] % 16:
+        # Checked before the strides: with such a k no copy could make them legal.
+        raise ValueError(f"{name} has k = {x.shape[-1]}; k must be a positive multiple of 16 "
+                         f"(16-byte FP8 rows for TMA)")
     if x.shape[-1] > 1 and x.strides[-1] != 1:
         raise ValueError(f"{name} must be K-major (last stride 1 byte), got strides {x.strides}")
     _check_tma_layout(name, x)
@@ -196,6 +200,11 @@ def _check_nk(n: int, k: int):
         raise ValueError(f"k = {k} must be a positive multiple of 16 (16-byte FP8 rows for TMA)")
     if n <= 0 or n % 8:
         raise ValueError(f"n = {n} must be a positive multiple of 8 (16-byte BF16 output rows)")
+    limit = _config.max_k()
+    if k > limit:
+        # Checked here, before any device lookup, so it is a ValueError on any machine.
+        raise ValueError(f"k = {k} exceeds {limit}: each math warp keeps the tile's B scales for "
+                         f"the whole K in shared memory (cugemm8._config.max_k)")
 
 
 def _prepare_sfa(sfa):

@@ -142,7 +142,7 @@ def to_jax(x, *, fp8: bool = False):
     """
     import cupy
     if not isinstance(x, cupy.ndarray):
-        raise TypeError(f"x must be a cupy.ndarray, got {type(x).__name__}")
+        raise TypeError(f"x must be a cupy.ndarray, got {type(x).__module__}.{type(x).__qualname__}")
     import jax.numpy as jnp
     if fp8:
         if x.dtype != np.uint8:

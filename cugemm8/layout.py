@@ -11,6 +11,8 @@ converted by :func:`get_col_major_tma_aligned_tensor`.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 #: Rows per expert block in the contiguous grouped layout (the kernel's
@@ -108,13 +110,18 @@ def make_contiguous_layout(group_sizes, alignment: int = CONTIGUOUS_M_ALIGNMENT)
         multiple of ``alignment``).
 
     Raises:
-        TypeError: a group size that is not an int.
+        TypeError: ``group_sizes`` not a sequence, or a group size that is
+            not an int.
         cugemm8.DeviceError: no usable GPU to hold ``m_indices``.
-        ValueError: a negative group size, or an alignment that is not a
-            positive multiple of 128.
+        ValueError: a negative group size, an alignment that is not a
+            positive multiple of 128, or a padded total ``m_sum`` beyond
+            2^31 - 1 rows (the GEMMs' int32 row coordinates).
     """
     import cupy
     import numbers
+    if isinstance(group_sizes, (str, bytes)) or not isinstance(group_sizes, Iterable):
+        raise TypeError(f"group_sizes must be a sequence of ints, one per expert, "
+                        f"got {type(group_sizes).__name__}")
     sizes = list(group_sizes)
     for s in sizes:
         if isinstance(s, bool) or not isinstance(s, numbers.Integral):
@@ -130,9 +137,12 @@ def make_contiguous_layout(group_sizes, alignment: int = CONTIGUOUS_M_ALIGNMENT)
     for s in sizes:
         offsets.append(total)
         total += -(-s // alignment) * alignment
+    if total > 2 ** 31 - 1:
+        raise ValueError(f"group_sizes pad to m_sum = {total} rows; the grouped GEMMs take at most "
+                         f"2^31 - 1 rows (int32 TMA coordinates)")
+    from . import _device
+    _device.current_device_id()          # DeviceError (not a CUDA error) without a GPU, before host work
     host = np.full(total, -1, dtype=np.int32)
     for e, (off, s) in enumerate(zip(offsets, sizes)):
         host[off:off + s] = e
-    from . import _device
-    _device.current_device_id()          # DeviceError (not a CUDA error) without a GPU
     return cupy.asarray(host), offsets

@@ -321,28 +321,46 @@ def gemm_fp8(a, b, out=None, *, pow2_scale: bool = False):
         cugemm8.DeviceError: no usable Hopper GPU.
     """
     cupy = _device.import_cupy()
-    lhs = _operand("a", a, per_token_cast_to_fp8, pow2_scale, cupy)
-    rhs = _operand("b", b, per_block_cast_to_fp8, pow2_scale, cupy)
+    from . import gemm as _gemm  # imported lazily: quant works without the GEMM module
+    # The GEMM's shape rules first, so that nothing is quantised (no launch)
+    # for a call the GEMM would reject.
+    m, k = _operand_shape("a", a, cupy)
+    n, k_b = _operand_shape("b", b, cupy)
+    if k_b != k:
+        raise ValueError(f"a is [m, k] = {[m, k]} and b is [n, k] = {[n, k_b]}: k differs")
+    _gemm._check_nk(n, k)
+    if out is not None:
+        _gemm._check_out("out", out, (m, n), cupy)
+    lhs = _operand("a", a, per_token_cast_to_fp8, pow2_scale)
+    rhs = _operand("b", b, per_block_cast_to_fp8, pow2_scale)
     if out is None:
         import ml_dtypes
-        m, n = lhs[0].shape[0], rhs[0].shape[0]
         out = cupy.empty((m, n), dtype=ml_dtypes.bfloat16)
-    from . import gemm as _gemm  # imported lazily: quant works without the GEMM module
     _gemm.gemm_fp8_fp8_bf16_nt(lhs, rhs, out)
     return out
 
 
-def _operand(name: str, x, cast, pow2_scale, cupy):
+def _operand_shape(name: str, x, cupy) -> tuple:
+    """Validate one operand of :func:`gemm_fp8` (a float array or a
+    ``(payload, scale)`` pair) without launching anything; its 2-D shape."""
     if isinstance(x, (tuple, list)):
         if len(x) != 2:
             raise TypeError(f"{name} must be a float array or a (payload, scale) pair, "
                             f"got a sequence of length {len(x)}")
         for part, what in zip(x, ("payload", "scale")):
             check_device_array(f"{name} {what}", part, cupy)
-        return tuple(x)
-    if isinstance(x, cupy.ndarray) and x.dtype.name in _IN_DTYPES:
-        if x.ndim != 2:
-            raise ValueError(f"{name} must be 2-D, got shape {x.shape}")
-        return cast(x, pow2_scale=pow2_scale)
-    _check_input(name, x, cupy)      # raises the specific TypeError / ValueError
-    raise TypeError(f"{name} must be a float array or a (payload, scale) pair")
+        payload = x[0]
+    elif isinstance(x, cupy.ndarray) and x.dtype.name in _IN_DTYPES:
+        _check_input(name, x, cupy)
+        payload = x
+    else:
+        _check_input(name, x, cupy)      # raises the specific TypeError / ValueError
+        raise TypeError(f"{name} must be a float array or a (payload, scale) pair")
+    if payload.ndim != 2:
+        raise ValueError(f"{name} must be 2-D [rows, k], got shape {payload.shape}")
+    return tuple(payload.shape)
+
+
+def _operand(name: str, x, cast, pow2_scale):
+    """A validated operand (see :func:`_operand_shape`) as a (payload, scale) pair."""
+    return tuple(x) if isinstance(x, (tuple, list)) else cast(x, pow2_scale=pow2_scale)

@@ -525,3 +525,11 @@ def test_max_k_is_the_largest_k_that_fits():
     from cugemm8._config import max_k
     assert max_k() == 382464
     assert select_config("normal", 64, 256, max_k()).smem_bytes <= SMEM_LIMIT
+
+
+@pytest.mark.parametrize("n,k,frag", [(12, 512, "n = 12"), (0, 512, "n = 0"), (256, 8, "k = 8"),
+                                      (256, 1, "k = 1"), (256, 1040 + 8, "k = 1048")])
+def test_select_config_rejects_what_the_gemm_rejects(n, k, frag):
+    # The GEMMs need k % 16 == 0 (TMA rows) and n % 8 == 0 (BF16 output rows).
+    with pytest.raises(ValueError, match=frag):
+        select_config("normal", 64, n, k)

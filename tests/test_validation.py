@@ -229,6 +229,48 @@ def test_set_num_sms_type_is_checked_before_the_device():
         cugemm8.set_num_sms(1.5)
     with pytest.raises(TypeError, match="num_sms"):
         cugemm8.set_num_sms(True)
+    with pytest.raises(TypeError, match="device_id"):
+        cugemm8.set_num_sms(8, device_id="x")
+    for bad in (0, -1):             # a ValueError on any machine, GPU or not
+        with pytest.raises(ValueError, match=">= 1"):
+            cugemm8.set_num_sms(bad)
+
+
+def test_k_not_a_multiple_of_16_is_named_before_the_strides():
+    # k = 24: the packed row stride (24 B) also breaks the TMA stride rule,
+    # but the message must name k, which no copy can fix.
+    d = normal_args(m=64, n=256, k=24)
+    with pytest.raises(ValueError, match="k = 24; k must be a positive multiple of 16"):
+        call_normal(**d)
+
+
+def test_k_beyond_the_limit_is_a_value_error_before_the_device():
+    from cugemm8 import _config
+    k = (_config.max_k() // 16 + 1) * 16
+    with pytest.raises(ValueError, match=f"k = {k} exceeds"):
+        call_normal(**normal_args(m=64, n=256, k=k))
+
+
+def test_gemm_fp8_checks_the_gemm_rules_before_quantising(monkeypatch):
+    from cugemm8 import quant
+    launched = []
+    monkeypatch.setattr(quant, "_launch_per_token", lambda *a, **k: launched.append("a"))
+    monkeypatch.setattr(quant, "_launch_per_block", lambda *a, **k: launched.append("b"))
+    a, b = fake((64, 512), BF16), fake((256, 256), BF16)
+    with pytest.raises(ValueError, match="k differs"):
+        cugemm8.gemm_fp8(a, b)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        cugemm8.gemm_fp8(a, fake((12, 512), BF16))
+    b = fake((256, 512), BF16)
+    with pytest.raises(TypeError, match="bfloat16"):
+        cugemm8.gemm_fp8(a, b, out=fake((64, 256), np.float32))
+    with pytest.raises(ValueError, match="out"):
+        cugemm8.gemm_fp8(a, b, out=fake((64, 128), BF16))
+    with pytest.raises(TypeError, match="NumPy"):
+        cugemm8.gemm_fp8(a, b, out=np.zeros((64, 256), BF16))
+    with pytest.raises(ValueError, match="2-D"):
+        cugemm8.gemm_fp8(fake((2, 64, 512), BF16), b)
+    assert launched == []
 
 
 # ---------------------------------------------------------------- launch arguments
@@ -321,6 +363,19 @@ def test_normal_descriptors_keep_strides_legal(recorder):
 def test_contiguous_layout_sizes_must_be_ints(bad):
     with pytest.raises(TypeError, match="ints"):
         cugemm8.make_contiguous_layout(bad)
+
+
+@pytest.mark.parametrize("bad", [5, None, "12"])
+def test_contiguous_layout_sizes_must_be_a_sequence(bad):
+    with pytest.raises(TypeError, match="sequence of ints"):
+        cugemm8.make_contiguous_layout(bad)
+
+
+@pytest.mark.parametrize("sizes", [[2 ** 31], [2 ** 40], [2 ** 30, 2 ** 30]])
+def test_contiguous_layout_total_fits_int32_rows(sizes):
+    # Rejected from the sizes alone, before any host array is built.
+    with pytest.raises(ValueError, match="2\\^31 - 1 rows"):
+        cugemm8.make_contiguous_layout(sizes)
 
 
 @pytest.mark.parametrize("alignment", [64, 100, 0, -128])

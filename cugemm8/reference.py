@@ -237,7 +237,8 @@ def float_to_e4m3(x) -> np.ndarray:
 
     Rules (the GPU quantiser must match them bit for bit):
 
-    1. the input is converted to float32 first;
+    1. the input is converted to float32 first (so a finite float64 beyond
+       float32's range becomes +-Inf here, and then NaN by rule 4);
     2. finite values are clipped to [-448, 448], then rounded to the nearest
        e4m3fn value, ties to even (``ml_dtypes`` cast).  Values below half
        the smallest subnormal (|x| <= 2^-10) become a signed zero; the sign of

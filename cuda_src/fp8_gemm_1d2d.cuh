@@ -159,9 +159,22 @@ struct GemmTraits {
   static constexpr uint32_t kNumThreads = kNumMathThreads + 128;
   static constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, BLOCK_K);
   // Cluster: multicast pairs or split-K pairs (never both).  With split K,
-  // rank r runs K blocks [r * kKBlocksPerSplit, (r + 1) * kKBlocksPerSplit).
+  // rank 0 runs K blocks [0, kKBlocksRank0) and rank 1 the remaining
+  // kKBlocksRank1 (half each, or skewed by kSplitSkew: below).
   static constexpr uint32_t kClusterSize = kNumMulticast * kNumKSplits;
   static constexpr uint32_t kKBlocksPerSplit = kNumKBlocks / kNumKSplits;
+  // Split K: with BLOCK_M = 128, rank 0 takes kSplitSkew = 2 K blocks more
+  // than half and rank 1 two fewer, so rank 1's partial tile (32 KB at
+  // BLOCK_N = 64) is on its way while rank 0 still computes.  Measured on
+  // the H200 (benches/RESULTS.md, v0.6): 128x32 -2.5 %, 128x64 -2.4 %;
+  // with BLOCK_M = 64 (8-12 KB partials, a shorter exchange) it cost 1-3 %,
+  // so those keep an even split.  Even, so both ranks keep the parity of
+  // kKBlocksPerSplit; only where each rank keeps at least 6 blocks.
+  // (_config.split_k_skew mirrors this rule.)
+  static constexpr uint32_t kSplitSkew =
+      (kNumKSplits == 2 && BLOCK_M == 128 && kKBlocksPerSplit >= 8u) ? 2u : 0u;
+  static constexpr uint32_t kKBlocksRank0 = kKBlocksPerSplit + kSplitSkew;
+  static constexpr uint32_t kKBlocksRank1 = kKBlocksPerSplit - kSplitSkew;
   // Threads that hold a finished tile (and exchange it with split K).
   static constexpr uint32_t kNumHolderThreads = kSplitK ? 128 : kNumMathThreads;
   static constexpr uint32_t kNumSFBRows = ceil_div(SHAPE_N, 128u);   // 128-row blocks of B per group
@@ -195,6 +208,7 @@ struct GemmTraits {
   // An even count gives both ranks the same compile-time trip count (a
   // run-time one made the 128x64 K = 2048 kernel spill).
   static_assert(kNumKSplits == 1 || kNumKBlocks % 2 == 0, "split K needs an even number of K blocks");
+  static_assert(kSplitSkew % 2 == 0 && kSplitSkew < kKBlocksPerSplit, "an even skew, both ranks keep K blocks");
   static_assert(kNumStages >= 2 && kNumStages <= 16, "2..16 pipeline stages");
   // Split K: the tile's j-th K block (of this CTA's share) is consumed (and
   // waited for, by phase parity) only by warpgroup j % 2, in the stage that
@@ -285,7 +299,8 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
 
   const uint32_t rank = T::kClusterSize > 1 ? cluster_cta_rank() : 0;
   // This CTA's K blocks of every tile (all of them unless K is split).
-  const uint32_t kb_begin = kNumKSplits == 2 ? rank * T::kKBlocksPerSplit : 0u;
+  const uint32_t kb_begin = kNumKSplits == 2 ? rank * T::kKBlocksRank0 : 0u;
+  const uint32_t kb_count = kNumKSplits == 2 && rank == 1 ? T::kKBlocksRank1 : T::kKBlocksRank0;
   // With split K both CTAs of a cluster take the same tile (the scheduler
   // pairs nothing: kNumMulticast is 1).
   Scheduler scheduler(shape_m, grouped_layout, blockIdx.x / T::kClusterSize, gridDim.x / T::kClusterSize, rank);
@@ -371,7 +386,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
           // Not unrolled: the producer runs on 40 registers (setmaxnreg), and
           // the unrolled split-K loop (a compile-time trip count) spilled there.
           #pragma unroll 1
-          for (uint32_t kb = kb_begin; kb < kb_begin + T::kKBlocksPerSplit; ++kb) load_block(kb);
+          for (uint32_t kb = kb_begin; kb < kb_begin + kb_count; ++kb) load_block(kb);
         } else {
           // The compiler's unrolling: 0.3-1.2 % faster at 256x128 than none
           // (benches/RESULTS.md, v0.5).
@@ -492,34 +507,43 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
           // Unrolled (kKLoopUnroll): the next block's scale loads, barrier
           // wait and descriptor arithmetic are scheduled into this block's
           // promotion.
-          #pragma unroll (T::kKLoopUnroll)
-          for (uint32_t j = 0; j < T::kKBlocksPerSplit; ++j) {
-            const uint32_t kb = kb_begin + j;
-            if (T::kSplitK && j % 2 != warpgroup) {   // the other warpgroup's block
+          auto blocks = [&](auto count_tag) {
+            constexpr uint32_t kCount = decltype(count_tag)::value;
+            #pragma unroll (T::kKLoopUnroll)
+            for (uint32_t j = 0; j < kCount; ++j) {
+              const uint32_t kb = kb_begin + j;
+              if (T::kSplitK && j % 2 != warpgroup) {   // the other warpgroup's block
+                if (++stage == kNumStages) stage = 0, phase ^= 1;
+                continue;
+              }
+              const float sb0 = warp_sfb[kb], sb1 = warp_sfb[kNumKBlocks + kb];
+              mbarrier_wait(full_bar + stage, phase);
+              // Read this stage's A scales before the stage can be released.
+              float sa[kWaves][2];
+              #pragma unroll
+              for (uint32_t v = 0; v < kWaves; ++v) {
+                const uint32_t r = row_off(v) + warp * 16 + lane / 4;
+                sa[v][0] = smem_sfa(stage)[r];
+                sa[v][1] = smem_sfa(stage)[r + 8];
+              }
+              #pragma unroll
+              for (uint32_t v = 0; v < kWaves; ++v) {
+                issue_mma(accum, stage, v);
+                wgmma_wait_group<0>();
+                fence_acc(accum);
+                // Release after the last sub-tile's WGMMA, so the next TMA load
+                // overlaps the promotion.
+                if (v == kWaves - 1) release(stage);
+                promote(accum, final_accum[v], sa[v][0], sa[v][1], sb0, sb1, num_former);
+              }
               if (++stage == kNumStages) stage = 0, phase ^= 1;
-              continue;
             }
-            const float sb0 = warp_sfb[kb], sb1 = warp_sfb[kNumKBlocks + kb];
-            mbarrier_wait(full_bar + stage, phase);
-            // Read this stage's A scales before the stage can be released.
-            float sa[kWaves][2];
-            #pragma unroll
-            for (uint32_t v = 0; v < kWaves; ++v) {
-              const uint32_t r = row_off(v) + warp * 16 + lane / 4;
-              sa[v][0] = smem_sfa(stage)[r];
-              sa[v][1] = smem_sfa(stage)[r + 8];
-            }
-            #pragma unroll
-            for (uint32_t v = 0; v < kWaves; ++v) {
-              issue_mma(accum, stage, v);
-              wgmma_wait_group<0>();
-              fence_acc(accum);
-              // Release after the last sub-tile's WGMMA, so the next TMA load
-              // overlaps the promotion.
-              if (v == kWaves - 1) release(stage);
-              promote(accum, final_accum[v], sa[v][0], sa[v][1], sb0, sb1, num_former);
-            }
-            if (++stage == kNumStages) stage = 0, phase ^= 1;
+          };
+          // A compile-time trip count for each rank (a run-time one spilled).
+          if (T::kSplitSkew != 0 && rank == 1) {
+            blocks(UConst<T::kKBlocksRank1>{});
+          } else {
+            blocks(UConst<T::kKBlocksRank0>{});
           }
         };
         dispatch_num_former<BLOCK_N>(n0, k_loop);

@@ -164,7 +164,7 @@ __all__ = [
     "BLOCK_N_CANDIDATES", "GemmConfig", "select_config", "ranked_configs",
     "smem_size", "max_stages", "candidate_block_ms", "candidate_block_ns",
     "swizzle_d_bytes", "is_legal", "make_config", "tile_counts", "max_k",
-    "format_table", "BENCHMARK_CASES",
+    "format_table", "BENCHMARK_CASES", "split_k_skew",
 ]
 
 KINDS = ("normal", "contiguous", "masked")
@@ -551,11 +551,26 @@ def _two_pass_rows(m: int, num_experts: int) -> int:
     return _ceil_div(min(max(num_experts - 1, 0), _ceil_div(m, 256)), 2)
 
 
+def split_k_skew(block_m: int, k: int) -> int:
+    """K blocks that rank 0 of a split-K pair (``num_k_splits = 2``) takes
+    beyond half of the ``ceil(k / 128)``; rank 1 takes as many fewer.
+
+    The kernel's rule (``GemmTraits::kSplitSkew`` in
+    cuda_src/fp8_gemm_1d2d.cuh): 2 with BLOCK_M = 128 when each rank has at
+    least 8 blocks, else 0.  Rank 1's FP32 partial tile is then in flight
+    while rank 0 runs its last two blocks.  Measured on the H200
+    (benches/RESULTS.md, v0.6): 128x32 2.5 % and 128x64 2.4 % faster; the
+    BLOCK_M = 64 exchange is shorter, and the same skew cost them 1-3 %.
+    """
+    half = _ceil_div(k, BLOCK_K) // 2
+    return 2 if block_m == 128 and half >= 8 else 0
+
+
 def _score(kind, bm, bn, stages, mc, on_a, m, n, k, groups, grid,
            num_experts: int = 1, splits: int = 1) -> tuple[float, int]:
     """Estimated cycles of the busiest CTA, and the padded work
     (executed tiles x BM x BN); see the module docstring."""
-    kb = _ceil_div(k, BLOCK_K) // splits
+    kb = _ceil_div(k, BLOCK_K) // splits + (split_k_skew(bm, k) if splits == 2 else 0)
     mb, nb = _ceil_div(m, bm), _ceil_div(n, bn)
     executed = _executed_tiles(groups, mb, nb, mc, on_a)
     if kind == "contiguous" and bm == 256:

@@ -778,7 +778,7 @@ def _fp32_scale_products(sfa64: np.ndarray, sfb64: np.ndarray, n: int) -> np.nda
 def promoted_accumulation_model(a_bits, sfa, b_bits, sfb, *,
                                 mantissa_bits: int = TENSOR_CORE_MANTISSA_BITS,
                                 tensor_core: str = "round", k_splits: int = 1,
-                                warpgroup_split: bool = False) -> np.ndarray:
+                                warpgroup_split: bool = False, split_skew: int = 0) -> np.ndarray:
     """Model of the promoted kernel's FP32 accumulator (before BF16 rounding).
 
     For each 128-K block ``kb`` in increasing order::
@@ -807,9 +807,11 @@ def promoted_accumulation_model(a_bits, sfa, b_bits, sfb, *,
     - ``warpgroup_split`` (every BLOCK_M = 64 kernel): within each CTA's
       share of K, local blocks ``j`` with ``j % 2 == w`` are chained by
       warpgroup ``w`` from zero, then ``final = fl32(chain_0 + chain_1)``;
-    - ``k_splits = 2`` (``GemmConfig.num_k_splits``): CTA ``r`` of the pair
-      takes blocks ``[r nkb/2, (r + 1) nkb/2)`` (``nkb`` even), and
-      ``final = fl32(part_0 + part_1)``.
+    - ``k_splits = 2`` (``GemmConfig.num_k_splits``): CTA 0 of the pair
+      takes blocks ``[0, nkb/2 + split_skew)`` and CTA 1 the rest (``nkb``
+      even), and ``final = fl32(part_0 + part_1)``.  The kernels' skew is
+      :func:`cugemm8._config.split_k_skew` (2 with BLOCK_M = 128 and
+      ``nkb >= 16``, else 0).
 
     All additions keep subnormals (``add.rn.f32``).  The split orders have
     not been compared bit for bit on a GPU yet; :func:`error_bound` covers
@@ -828,6 +830,9 @@ def promoted_accumulation_model(a_bits, sfa, b_bits, sfb, *,
         1 (default) or 2: K split across a CTA pair (see above).
     warpgroup_split : bool, keyword-only
         The BLOCK_M = 64 kernels' even / odd split between two warpgroups.
+    split_skew : int, keyword-only
+        With ``k_splits = 2``: blocks CTA 0 takes beyond half (even, ``0 <=
+        split_skew < nkb/2``).
 
     Returns
     -------
@@ -836,8 +841,9 @@ def promoted_accumulation_model(a_bits, sfa, b_bits, sfb, *,
     Raises
     ------
     ValueError
-        On shape mismatch, unknown model, ``k_splits`` not 1 or 2, or
-        ``k_splits = 2`` with an odd number of 128-K blocks.
+        On shape mismatch, unknown model, ``k_splits`` not 1 or 2,
+        ``k_splits = 2`` with an odd number of 128-K blocks, or a
+        ``split_skew`` that is odd, negative or leaves CTA 1 no block.
     """
     a, sa, b, sb = _check_gemm_2d(a_bits, sfa, b_bits, sfb)
     nkb = _ceil_div(a.shape[1], BLOCK_K)
@@ -845,6 +851,10 @@ def promoted_accumulation_model(a_bits, sfa, b_bits, sfb, *,
         raise ValueError(f"k_splits must be 1 or 2, got {k_splits!r}")
     if k_splits == 2 and nkb % 2:
         raise ValueError(f"k_splits = 2 needs an even number of 128-K blocks, got {nkb}")
+    if (isinstance(split_skew, bool) or not isinstance(split_skew, (int, np.integer))
+            or split_skew < 0 or split_skew % 2 or (split_skew and (k_splits != 2 or split_skew >= nkb // 2))):
+        raise ValueError(f"split_skew must be an even int in [0, nkb/2) with k_splits = 2 "
+                         f"(nkb = {nkb}), got {split_skew!r}")
     p = tensor_core_partial_sums(a, b, mantissa_bits=mantissa_bits, model=tensor_core)
     w = _fp32_scale_products(sa, sb, b.shape[0])
 
@@ -860,10 +870,10 @@ def promoted_accumulation_model(a_bits, sfa, b_bits, sfb, *,
         # double rounding innocuous?", SIGNUM 1995), subnormals kept.
         return (x.astype(np.float64) + y.astype(np.float64)).astype(np.float32)
 
-    per_cta = nkb // k_splits
+    bounds = [0, nkb] if k_splits == 1 else [0, nkb // 2 + split_skew, nkb]
     total = None
     for r in range(k_splits):
-        blocks = list(range(r * per_cta, (r + 1) * per_cta))
+        blocks = list(range(bounds[r], bounds[r + 1]))
         part = add(chain(blocks[0::2]), chain(blocks[1::2])) if warpgroup_split else chain(blocks)
         total = part if total is None else add(total, part)
     return total

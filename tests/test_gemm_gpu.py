@@ -117,9 +117,12 @@ def test_forced_configs(cp, bm, bn, stages, mc, on_a, num_sms):
 # 3 pairs (6 CTAs: many tiles each, the exchange barriers' phases turn
 # over).  K = 1168 = 9 * 128 + 16: ten K blocks, five per CTA, the last one
 # partial; K = 256: one block per CTA, so with BLOCK_M = 64 the second
-# warpgroup has none and hands zeros to the first.
+# warpgroup has none and hands zeros to the first.  K = 2288 = 17 * 128 +
+# 112: 18 K blocks, the last partial; BLOCK_M = 128 pairs split them 11 / 7
+# (_config.split_k_skew), BLOCK_M = 64 pairs 9 / 9 (odd per CTA).
 SPLIT_K_FORCED = [(64, 16, 8, 1168), (64, 32, 16, 1168), (64, 120, 4, 1168), (128, 32, 8, 1168),
-                  (128, 64, 6, 1168), (64, 32, 8, 256)]
+                  (128, 64, 6, 1168), (64, 32, 8, 256), (128, 32, 8, 2288), (128, 64, 6, 2288),
+                  (64, 32, 16, 2288)]
 
 
 @pytest.mark.parametrize("bm,bn,stages,k", SPLIT_K_FORCED)

@@ -211,12 +211,13 @@ def test_contiguous_two_pass_every_tile_mixed(cp, num_experts, mc):
         check_contiguous(cp, np.random.default_rng(num_experts), [128] * num_experts, n, k)
 
 
-@pytest.mark.parametrize("bm,bn,stages", [(64, 32, 8), (128, 24, 6)])
+@pytest.mark.parametrize("bm,bn,stages,k", [(64, 32, 8, 1168), (128, 24, 6, 1168), (128, 24, 6, 2288)])
 @pytest.mark.parametrize("num_sms", [132, 4])
-def test_contiguous_split_k(cp, bm, bn, stages, num_sms):
+def test_contiguous_split_k(cp, bm, bn, stages, k, num_sms):
     # Split K across a CTA pair: padding blocks (skipped by both CTAs of the
-    # pair, zeros stored by rank 0) and many tiles per pair (4 CTAs).
-    n, k = 520, 1168
+    # pair, zeros stored by rank 0) and many tiles per pair (4 CTAs).  K =
+    # 2288: 18 K blocks, split 11 / 7 by BLOCK_M = 128 pairs (_config.split_k_skew).
+    n = 520
     cfg = _config.make_config("contiguous", bm, bn, stages, k, num_k_splits=2, num_sms=num_sms)
     assert _config.is_legal(cfg, k=k)[0]
     with _gemm._forced_config(cfg):
@@ -243,11 +244,12 @@ def test_masked_forced_configs(cp, bm, bn, stages, mc, on_a):
     check_masked(cp, np.random.default_rng(bm + bn), g, m_max, n, k, [200, 0, 77], 100, cfg=cfg)
 
 
-@pytest.mark.parametrize("bm,bn,stages", [(64, 16, 8), (128, 32, 6)])
-def test_masked_split_k(cp, bm, bn, stages):
+@pytest.mark.parametrize("bm,bn,stages,k", [(64, 16, 8, 768), (128, 32, 6, 768), (128, 32, 6, 2304)])
+def test_masked_split_k(cp, bm, bn, stages, k):
     # Split K across a CTA pair, with an empty group and partial slabs
-    # (rows stored one by one by rank 0).
-    g, m_max, n, k = 3, 200, 1000, 768
+    # (rows stored one by one by rank 0); K = 2304: 18 K blocks, split 11 / 7
+    # by BLOCK_M = 128 pairs.
+    g, m_max, n = 3, 200, 1000
     cfg = _config.make_config("masked", bm, bn, stages, k, num_k_splits=2, num_sms=132)
     assert _config.is_legal(cfg, k=k)[0]
     check_masked(cp, np.random.default_rng(bm + bn), g, m_max, n, k, [200, 0, 77], 100, cfg=cfg)

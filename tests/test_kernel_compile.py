@@ -120,6 +120,25 @@ def test_smem_layout_matches_the_python_formula():
     _jit._nvrtc_compile(src, opts, [], "ptx")      # a failed static_assert raises RuntimeError
 
 
+def test_split_k_skew_matches_the_python_rule():
+    """The kernel's split point (GemmTraits::kSplitSkew) is what
+    _config.split_k_skew, the cost model and the reference's summation
+    order assume: static asserts over every split-K BLOCK_M and several K."""
+    checks = []
+    for k in (256, 1792, 2048, 2304, 7168, 16384):
+        for bm in _config.SPLIT_K_BLOCK_MS:
+            t = f"cugemm8::GemmTraits<2112u, {k}u, {bm}u, 32u, 6u, 1u, false, 64u, 0u, 1u, 2u>"
+            skew = _config.split_k_skew(bm, k)
+            half = k // 128 // 2
+            checks.append(f"static_assert({t}::kSplitSkew == {skew}u && {t}::kKBlocksRank0 == {half + skew}u "
+                          f"&& {t}::kKBlocksRank1 == {half - skew}u, \"{bm} {k}\");")
+    import cupy._core.core as core
+    src = _jit.build_source("fp8_gemm_1d2d.cuh") + "\n" + "\n".join(checks) + "\n"
+    opts = core.assemble_cupy_compiler_options(_jit.compile_options()) + (
+        "-arch=compute_90a", "--device-as-default-execution-space")
+    _jit._nvrtc_compile(src, opts, [], "ptx")      # a failed static_assert raises RuntimeError
+
+
 def test_arch_guard_rejects_plain_sm90():
     """The #error guard: a non-sm_90a build must fail loudly."""
     src = _jit.build_source("fp8_gemm_1d2d.cuh")

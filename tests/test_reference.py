@@ -577,6 +577,35 @@ def test_split_order_arguments_checked():
         R.promoted_accumulation_model(a, sa, b, sb, k_splits=2)
     with pytest.raises(ValueError, match="k_splits"):
         R.promoted_accumulation_model(a, sa, b, sb, k_splits=3)
+    a4, b4 = np.full((1, 512), 0x38, np.uint8), np.full((8, 512), 0x38, np.uint8)
+    sa4, sb4 = np.ones((1, 4), np.float32), np.ones((1, 4), np.float32)
+    for skew, splits in ((1, 2), (2, 2), (-2, 2), (2, 1), (True, 2)):
+        with pytest.raises(ValueError, match="split_skew"):
+            R.promoted_accumulation_model(a4, sa4, b4, sb4, k_splits=splits, split_skew=skew)
+
+
+def test_split_skew_moves_the_split_point():
+    # CTA 0 sums blocks [0, nkb/2 + skew) and CTA 1 the rest; with values
+    # whose float32 sums depend on the grouping, each split point gives the
+    # sum of its own two partial chains.
+    nkb = 8
+    a = np.full((1, 128 * nkb), 0x38, np.uint8)        # 1.0
+    b = np.full((1, 128 * nkb), 0x38, np.uint8)
+    sa = np.ones((1, nkb), np.float32)
+    w = np.array([2.0 ** 24, 1, 1, 1, 1, 1, 1, 1], np.float32) / 128
+    sb = w[None, :].astype(np.float32)
+    got = {}
+    for skew in (0, 2):
+        y = R.promoted_accumulation_model(a, sa, b, sb, tensor_core="exact", k_splits=2, split_skew=skew)
+        cut = nkb // 2 + skew
+        part = [np.float32(0), np.float32(0)]
+        for j in range(nkb):
+            r = 0 if j < cut else 1
+            part[r] = np.float32(part[r] + np.float32(w[j] * 128))
+        assert y[0, 0] == np.float32(part[0] + part[1]), (skew, y, part)
+        got[skew] = float(y[0, 0])
+    # each +1 after 2^24 is lost in CTA 0's chain: 2^24 + 4 vs 2^24 + 2
+    assert got == {0: 2.0 ** 24 + 4, 2: 2.0 ** 24 + 2}
 
 
 def test_error_bound_float32_output_is_smaller():

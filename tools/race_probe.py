@@ -6,7 +6,8 @@ KIND normal (M=333, N=320, K=640), masked (4 groups, m_max=200,
 masked_m = 0, 1, 137, 200) or contiguous (5 experts of 200 +- 30% rows,
 each padded to 128 rows: with BLOCK_M = 256 some tiles straddle two experts
 and run both passes); MC 1, 2A, 2B, or k2 (split K across the CTA pair;
-K=768, an even number of K blocks).  The result is checked."""
+K=2304: 18 K blocks, which BLOCK_M = 128 pairs split 11 / 7 and BLOCK_M =
+64 pairs 9 / 9).  The result is checked."""
 import sys
 
 import numpy as np
@@ -20,7 +21,7 @@ from cugemm8.cli import Shape, bf16_to_f64, calc_diff, gemm_call, make_operands,
 kind, tile, stages, mc = sys.argv[1:5]
 grid = int(sys.argv[5]) if len(sys.argv) > 5 else 8
 bm, bn = (int(x) for x in tile.split("x"))
-k = 768 if mc == "k2" else 640
+k = 2304 if mc == "k2" else 640
 shape = {"normal": Shape("normal", 333, 320, k), "masked": Shape("masked", 200, 320, k, 4),
          "contiguous": Shape("contiguous", 200, 320, k, 5)}[kind]
 ops = make_operands(shape, cp, seed=3, vary=kind == "contiguous")

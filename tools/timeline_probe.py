@@ -82,7 +82,7 @@ PROBE = [
      "            mbarrier_wait(full_bar + stage, phase);\n"
      "            if (tid == 0 && probe_first_m) {\n"
      "              if (j == 0) probe_ts[4] = probe_clock();\n"
-     "              if (j + 2 >= T::kKBlocksPerSplit) probe_ts[5] = probe_clock();\n"
+     "              if (j + 2 >= kCount) probe_ts[5] = probe_clock();\n"
      "            }\n"),
     (K, "          red_phase ^= 1;\n",
      "          red_phase ^= 1;\n"
@@ -116,10 +116,13 @@ def summarise(ts: np.ndarray, ctas: int, kblocks: int) -> dict:
     us = lambda a, b: np.median(t[:, b] - t[:, a]) / ghz / 1e3  # noqa: E731
     valid = t[:, 5] > t[:, 4]
     per_kb = np.median((t[valid, 5] - t[valid, 4]) / max(kblocks - 2, 1)) / ghz / 1e3 if valid.any() else 0.0
+    kloop = (t[:, 6] - t[:, 1]) / ghz / 1e3    # entry -> K loop done, per CTA
     split = t[:, 12] > 0                      # split K: the pair exchange ran
     xchg0 = np.median(t[0::2, 12][split[0::2]] - t[0::2, 6][split[0::2]]) / ghz / 1e3 if split[0::2].any() else 0.0
     xchg1 = np.median(t[1::2, 12][split[1::2]] - t[1::2, 6][split[1::2]]) / ghz / 1e3 if split[1::2].any() else 0.0
-    return {"ghz": ghz, "xchg_rank0": xchg0, "xchg_rank1": xchg1, "prologue": us(1, 2), "sfb": us(1, 3), "first": us(2, 4), "per_kb": per_kb,
+    return {"ghz": ghz, "xchg_rank0": xchg0, "xchg_rank1": xchg1,
+            "kloop_rank0": float(np.median(kloop[0::2])), "kloop_rank1": float(np.median(kloop[1::2])),
+            "raw": ts[:ctas].tolist(), "prologue": us(1, 2), "sfb": us(1, 3), "first": us(2, 4), "per_kb": per_kb,
             "tail": us(5, 6), "epi": us(6, 7), "drain": us(7, 8), "total": us(1, 9),
             "skew": (t[:, 0].max() - t[:, 0].min()) / 1e3, "span": (t[:, 10].max() - t[:, 0].min()) / 1e3,
             "first_max": np.max(t[:, 4] - t[:, 2]) / ghz / 1e3,
@@ -180,6 +183,7 @@ def main(argv=None) -> int:
                       f"{s['drain']:5.2f} {s['total']:6.2f} {s['skew']:5.2f} {s['span']:6.2f}"
                       f"  diff {diff:.1e}"
                       + (f"  exchange: rank0 {s['xchg_rank0']:.2f} rank1 {s['xchg_rank1']:.2f}"
+                         f"  K loop done: rank0 {s['kloop_rank0']:.2f} rank1 {s['kloop_rank1']:.2f}"
                          if cfg.num_k_splits == 2 else ""), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=float))

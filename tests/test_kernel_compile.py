@@ -97,6 +97,16 @@ def test_split_k_exchange_uses_cluster_scope(report):
     assert "mbarrier.arrive.release.cluster.shared::cluster.b64" in report.ptx
 
 
+def _compile_static_asserts(checks: list) -> None:
+    """One NVRTC compile (PTX, sm_90a) of the GEMM header followed by
+    ``checks``; a failed static_assert raises RuntimeError."""
+    import cupy._core.core as core
+    src = _jit.build_source("fp8_gemm_1d2d.cuh") + "\n" + "\n".join(checks) + "\n"
+    opts = core.assemble_cupy_compiler_options(_jit.compile_options()) + (
+        "-arch=compute_90a", "--device-as-default-execution-space")
+    _jit._nvrtc_compile(src, opts, [], "ptx")
+
+
 def test_smem_layout_matches_the_python_formula():
     """cugemm8/_config.py smem_size is what the launch requests; the kernel's
     SmemLayout is what it uses.  One NVRTC compile of static asserts that the
@@ -113,11 +123,7 @@ def test_smem_layout_matches_the_python_formula():
                         want = _config.smem_size(bm, bn, stages, k, splits)
                         checks.append(f"static_assert({t}::kTotal == {want}u && {t}::kOffA % 1024 == 0 && "
                                       f"{t}::kOffClusterBar % 8 == 0, \"{k} {bm} {bn} {stages} {splits}\");")
-    import cupy._core.core as core
-    src = _jit.build_source("fp8_gemm_1d2d.cuh") + "\n" + "\n".join(checks) + "\n"
-    opts = core.assemble_cupy_compiler_options(_jit.compile_options()) + (
-        "-arch=compute_90a", "--device-as-default-execution-space")
-    _jit._nvrtc_compile(src, opts, [], "ptx")      # a failed static_assert raises RuntimeError
+    _compile_static_asserts(checks)
 
 
 def test_split_k_skew_matches_the_python_rule():
@@ -132,11 +138,7 @@ def test_split_k_skew_matches_the_python_rule():
             half = k // 128 // 2
             checks.append(f"static_assert({t}::kSplitSkew == {skew}u && {t}::kKBlocksRank0 == {half + skew}u "
                           f"&& {t}::kKBlocksRank1 == {half - skew}u, \"{bm} {k}\");")
-    import cupy._core.core as core
-    src = _jit.build_source("fp8_gemm_1d2d.cuh") + "\n" + "\n".join(checks) + "\n"
-    opts = core.assemble_cupy_compiler_options(_jit.compile_options()) + (
-        "-arch=compute_90a", "--device-as-default-execution-space")
-    _jit._nvrtc_compile(src, opts, [], "ptx")      # a failed static_assert raises RuntimeError
+    _compile_static_asserts(checks)
 
 
 def test_arch_guard_rejects_plain_sm90():

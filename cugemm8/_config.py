@@ -4,7 +4,7 @@
 depth, TMA multicast and grid size of the persistent FP8 1D2D kernel for one
 GEMM.  Nothing here imports CuPy or reads the environment; the same inputs
 always give the same :class:`GemmConfig` (the result is ``lru_cache``d).
-``python -m cugemm8._config`` prints the choices for the benchmark shapes.
+``cugemm8 configs`` (or ``python -m cugemm8 configs``) prints the choices for the benchmark shapes.
 
 Hard constraints (checked by :func:`is_legal`; the kernel static-asserts them)
 ------------------------------------------------------------------------------
@@ -735,7 +735,3 @@ def format_table(cases=BENCHMARK_CASES, *, num_sms: int = 132,
         return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
 
     return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
-
-
-if __name__ == "__main__":
-    print(format_table())

@@ -16,6 +16,10 @@ Subcommands
     Compiles every kernel the shapes in FILE need, so later processes load
     them from CuPy's disk cache (with ``--compile-only``: NVRTC only, no GPU,
     nothing cached; a check that they build).
+``configs [--shapes FILE] [--num-sms N]``
+    Prints the heuristic's kernel configuration (tile, stages, multicast,
+    split K, grid, shared memory, waves) for the benchmark shapes or the
+    shapes in FILE.  Pure Python: no GPU needed.
 
 Importing this module is cheap: CuPy and the GEMM code are imported inside
 the functions that need them.  The data and reference helpers below
@@ -808,6 +812,26 @@ def _load_on_gpu(job: WarmupJob, device_id: int = 0) -> tuple[float, str]:
     return dt, f"{kern.num_regs} regs, {kern.local_size_bytes} B local"
 
 
+def cmd_configs(args) -> int:
+    """``cugemm8 configs``: the heuristic's choices, as a table (no GPU)."""
+    from . import _config
+    if args.shapes:
+        try:
+            shapes = load_shapes(args.shapes)
+        except ValueError as exc:
+            print(f"cugemm8 configs: {exc}", file=sys.stderr)
+            return 2
+        cases = [(s.kind, s.num_groups, s.m, s.n, s.k) for s in shapes]
+    else:
+        cases = _config.BENCHMARK_CASES
+    try:
+        print(_config.format_table(cases, num_sms=args.num_sms))
+    except (TypeError, ValueError) as exc:
+        print(f"cugemm8 configs: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def cmd_warmup(args) -> int:
     try:
         shapes = load_shapes(args.shapes)
@@ -877,7 +901,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="FP8 GEMMs for Hopper with DeepSeek-V3 fine-grained scaling. "
                     "Without a subcommand, runs `check`.")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
-    sub = parser.add_subparsers(dest="command", metavar="{check,info,bench,warmup}")
+    sub = parser.add_subparsers(dest="command", metavar="{check,info,bench,warmup,configs}")
 
     p = sub.add_parser("check", help="run, verify and time the DeepSeek-V3 shapes (default)",
                        description="Check every DeepSeek-V3 shape against a float64 reference and time it. "
@@ -907,6 +931,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SM count the configs are chosen for (default: the GPU's, or 132 with --compile-only)")
     p.add_argument("--jobs", type=_positive_int, default=0, help="parallel compiles with --compile-only (default: CPUs)")
     p.set_defaults(func=cmd_warmup)
+
+    p = sub.add_parser("configs", help="the heuristic's kernel configuration per shape (no GPU needed)",
+                       description="Print the configuration select_config picks (tile, stages, multicast, "
+                                   "split K, grid, shared memory, waves, the cost model's estimate) for the "
+                                   "benchmark shapes, or for the shapes in FILE (the warmup format).")
+    p.add_argument("--shapes", metavar="FILE", help="JSON list of shapes (default: the benchmark shapes)")
+    p.add_argument("--num-sms", type=_positive_int, default=132, help="SMs available (default 132, an H200)")
+    p.set_defaults(func=cmd_configs)
     return parser
 
 

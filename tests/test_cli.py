@@ -284,3 +284,13 @@ def test_bench_missing_script(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(cli, "bench_script", lambda: tmp_path / "bench_gemm.py")
     assert cli.main(["bench"]) == 2
     assert "not here" in capsys.readouterr().out
+
+
+def test_configs_prints_the_heuristic_table(tmp_path, capsys):
+    assert cli.main(["configs"]) == 0
+    out = capsys.readouterr().out
+    assert "64x32 s16 k2" in out and "c2A" in out          # split K and the contiguous multicast
+    shapes = _shapes_file(tmp_path, [{"m": 64, "n": 2112, "k": 7168}])
+    assert cli.main(["configs", "--shapes", shapes, "--num-sms", "131"]) == 0
+    assert "k2" not in capsys.readouterr().out            # an odd SM count: no CTA pairs
+    assert cli.main(["configs", "--shapes", str(tmp_path / "missing.json")]) == 2

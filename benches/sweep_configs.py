@@ -105,14 +105,14 @@ def split_k_candidates(shape: Shape, count: int, num_sms: int) -> list:
 def candidates(shape: Shape, top: int, num_sms: int, split_k: int = 0) -> list:
     from cugemm8 import _config
     m = shape.m * shape.num_groups if shape.kind == "contiguous" else shape.m
-    saved = _config.MULTICAST_KINDS
-    _config.MULTICAST_KINDS = _config.KINDS
+    saved = _config.MULTICAST_KINDS, _config.MULTICAST_TILES
+    _config.MULTICAST_KINDS, _config.MULTICAST_TILES = _config.KINDS, None
     try:
         ranked = [cfg for _, cfg in _config.ranked_configs(shape.kind, m, shape.n, shape.k,
                                                            num_groups=shape.num_groups,
                                                            num_sms=num_sms)]
     finally:
-        _config.MULTICAST_KINDS = saved
+        _config.MULTICAST_KINDS, _config.MULTICAST_TILES = saved
     picked = ranked[:top]
     # The best multicast and the best non-multicast configs, whatever their rank.
     picked += [next((c for c in ranked if c.num_multicast == mc), None) for mc in (1, 2)]

@@ -164,8 +164,9 @@ struct GemmTraits {
   static constexpr uint32_t kClusterSize = kNumMulticast * kNumKSplits;
   static constexpr uint32_t kKBlocksPerSplit = kNumKBlocks / kNumKSplits;
   // Split K: with BLOCK_M = 128, rank 0 takes kSplitSkew = 2 K blocks more
-  // than half and rank 1 two fewer, so rank 1's partial tile (32 KB at
-  // BLOCK_N = 64) is on its way while rank 0 still computes.  Measured on
+  // than half and rank 1 two fewer, so rank 1 finishes four blocks before
+  // rank 0 and its FP32 partial tile (128 x BLOCK_N x 4 bytes) is on its way
+  // while rank 0 still computes.  Measured on
   // the H200 (benches/RESULTS.md, v0.6): 128x32 -2.5 %, 128x64 -2.4 %;
   // with BLOCK_M = 64 (8-12 KB partials, a shorter exchange) it cost 1-3 %,
   // so those keep an even split.  Even, so both ranks keep the parity of
@@ -205,8 +206,9 @@ struct GemmTraits {
   static_assert(kNumKSplits == 1 || kNumKSplits == 2, "K is split across at most 2 CTAs");
   static_assert(kNumKSplits == 1 || kNumMulticast == 1, "a cluster either multicasts or splits K");
   static_assert(kNumKSplits == 1 || BLOCK_M <= 128, "split K is for BLOCK_M 64 and 128");
-  // An even count gives both ranks the same compile-time trip count (a
-  // run-time one made the 128x64 K = 2048 kernel spill).
+  // An even count splits evenly, or by +-kSplitSkew; each rank's K loop has
+  // a compile-time trip count (a run-time one made the 128x64 K = 2048
+  // kernel spill).
   static_assert(kNumKSplits == 1 || kNumKBlocks % 2 == 0, "split K needs an even number of K blocks");
   static_assert(kSplitSkew % 2 == 0 && kSplitSkew < kKBlocksPerSplit, "an even skew, both ranks keep K blocks");
   static_assert(kNumStages >= 2 && kNumStages <= 16, "2..16 pipeline stages");

@@ -129,7 +129,8 @@ C_TILE + BM*BN/64 is the per-tile B-scale load, syncs and D staging
   256x128 wins at K = 7168 with a few large experts (1439 vs 1521 us for
   128x192 on the H200), 128x192 at K = 2048 (774 vs 797 us) and with many
   small experts.
-- Split K: the K blocks per CTA are halved and the grid doubled (twice the
+- Split K: the K blocks per CTA are halved (plus ``split_k_skew`` for the
+  busier rank 0) and the grid doubled (twice the
   executed tiles); C_SPLIT (1500 cycles) is added per tile for the exchange
   of the FP32 partial tile (any value in [0, 5000] gives the same picks on
   the v0.5 sweep).
@@ -139,7 +140,8 @@ C_TILE + BM*BN/64 is the per-tile B-scale load, syncs and D staging
   MULTICAST_MIN_ROWS (512) rows of work (m, m_sum, or num_groups *
   expected_m), after DeepGEMM's generation-2 "m >= 512" rule and its
   generation-3 "no multicast in one wave" rule.  Both sides are scored.
-  Only the kinds in MULTICAST_KINDS consider it (see its comment).
+  Only the kinds in MULTICAST_KINDS consider it, for the tiles in
+  MULTICAST_TILES (see their comments).
 - The DRAM roof (unique bytes / HBM bandwidth) is the same for every
   candidate of a shape and so is left out of the ranking.
 
@@ -201,6 +203,10 @@ C_TWO_PASS = 2300.0                 # contiguous, BLOCK_M = 256: per tile (measu
 #: M = 4096 it stays within -1..+2 % (run_mc4096.log), so only the contiguous
 #: layout uses it.  Forced configurations (make_config) can use it anywhere.
 MULTICAST_KINDS = ("contiguous",)
+#: ... and only for these (BLOCK_M, BLOCK_N) tiles, the ones measured above;
+#: other tiles' multicast was -2..+8 % in the v0.3 sweep and has not been
+#: re-measured on the current kernel.  None: every tile (sweeps).
+MULTICAST_TILES = ((128, 192), (256, 128))
 # Split K across a cluster of 2 (num_k_splits = 2): one wave only, BLOCK_M
 # 64 or 128, BLOCK_N <= 32, an even number of K blocks; C_SPLIT cycles per
 # tile for the DSMEM exchange of the FP32 partial tile (module docstring).
@@ -557,8 +563,8 @@ def split_k_skew(block_m: int, k: int) -> int:
 
     The kernel's rule (``GemmTraits::kSplitSkew`` in
     cuda_src/fp8_gemm_1d2d.cuh): 2 with BLOCK_M = 128 when each rank has at
-    least 8 blocks, else 0.  Rank 1's FP32 partial tile is then in flight
-    while rank 0 runs its last two blocks.  Measured on the H200
+    least 8 blocks, else 0.  Rank 1 then finishes four blocks before rank 0,
+    and its FP32 partial tile is in flight while rank 0 runs them.  Measured on the H200
     (benches/RESULTS.md, v0.6): 128x32 2.5 % and 128x64 2.4 % faster; the
     BLOCK_M = 64 exchange is shorter, and the same skew cost them 1-3 %.
     """
@@ -629,7 +635,8 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit):
                 continue
             mb, nb = _ceil_div(m_eff, bm), _ceil_div(n, bn)
             options = [(1, False, 1, stages)]
-            if kind in MULTICAST_KINDS and num_sms >= 2 and rows_of_work >= MULTICAST_MIN_ROWS:
+            if (kind in MULTICAST_KINDS and (MULTICAST_TILES is None or (bm, bn) in MULTICAST_TILES)
+                    and num_sms >= 2 and rows_of_work >= MULTICAST_MIN_ROWS):
                 options.append((2, True, 1, stages))
                 if kind == "normal":
                     options.append((2, False, 1, stages))

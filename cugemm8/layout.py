@@ -11,7 +11,8 @@ converted by :func:`get_col_major_tma_aligned_tensor`.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 
 import numpy as np
 
@@ -119,7 +120,10 @@ def make_contiguous_layout(group_sizes, alignment: int = CONTIGUOUS_M_ALIGNMENT)
     """
     import cupy
     import numbers
-    if isinstance(group_sizes, (str, bytes)) or not isinstance(group_sizes, Iterable):
+    # An ordered sequence (list, tuple, range, 1-D NumPy array): a mapping
+    # would give its keys and a set an arbitrary order.
+    if (isinstance(group_sizes, (str, bytes, Mapping, AbstractSet))
+            or not isinstance(group_sizes, Iterable)):
         raise TypeError(f"group_sizes must be a sequence of ints, one per expert, "
                         f"got {type(group_sizes).__name__}")
     sizes = list(group_sizes)

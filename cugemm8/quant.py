@@ -322,13 +322,22 @@ def gemm_fp8(a, b, out=None, *, pow2_scale: bool = False):
     """
     cupy = _device.import_cupy()
     from . import gemm as _gemm  # imported lazily: quant works without the GEMM module
-    # The GEMM's shape rules first, so that nothing is quantised (no launch)
-    # for a call the GEMM would reject.
+    # The GEMM's shape, dtype and layout rules first, so that nothing is
+    # quantised (no launch) for a call the GEMM would reject.
     m, k = _operand_shape("a", a, cupy)
     n, k_b = _operand_shape("b", b, cupy)
     if k_b != k:
         raise ValueError(f"a is [m, k] = {[m, k]} and b is [n, k] = {[n, k_b]}: k differs")
     _gemm._check_nk(n, k)
+    kb = -(-k // _GROUP)
+    # Already quantised pairs: payload and scale rules too (aliasing with
+    # ``out`` is checked by the GEMM, after any quantisation).
+    if isinstance(a, (tuple, list)):
+        _gemm._as_fp8("a payload", a[0], 2, cupy)
+        _gemm._check_f32("a scale (sfa)", a[1], (m, kb), cupy)
+    if isinstance(b, (tuple, list)):
+        _gemm._as_fp8("b payload", b[0], 2, cupy)
+        _gemm._check_f32("b scale (sfb)", b[1], (-(-n // _GROUP), kb), cupy)
     if out is not None:
         _gemm._check_out("out", out, (m, n), cupy)
     lhs = _operand("a", a, per_token_cast_to_fp8, pow2_scale)

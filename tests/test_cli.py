@@ -292,5 +292,5 @@ def test_configs_prints_the_heuristic_table(tmp_path, capsys):
     assert "64x32 s16 k2" in out and "c2A" in out          # split K and the contiguous multicast
     shapes = _shapes_file(tmp_path, [{"m": 64, "n": 2112, "k": 7168}])
     assert cli.main(["configs", "--shapes", shapes, "--num-sms", "131"]) == 0
-    assert "k2" not in capsys.readouterr().out            # an odd SM count: no CTA pairs
+    assert "k2" not in capsys.readouterr().out            # 66 pairs (132 CTAs) no longer fit
     assert cli.main(["configs", "--shapes", str(tmp_path / "missing.json")]) == 2

@@ -101,7 +101,7 @@ def test_benchmark_cases_cover_the_tables():
 
 
 def test_table():
-    # The table itself: python -m cugemm8._config
+    # The table itself: cugemm8 configs
     text = format_table()
     assert len(text.splitlines()) == 2 + len(BENCHMARK_CASES)
 
@@ -215,6 +215,21 @@ def test_contiguous_two_pass_256x128_only_at_long_k(kind, g, m, n, k):
     cfg = select_config(kind, m, n, k, num_groups=g)
     want = (256, 128, 3) if k == 7168 else (128, 192, 4)
     assert (cfg.block_m, cfg.block_n, cfg.num_stages) == want
+
+
+def test_contiguous_multicast_only_on_measured_tiles():
+    # A multicast was measured (v0.6) on 128x192 and 256x128 only; other
+    # contiguous picks keep it off.
+    seen = set()
+    for g in (1, 2, 4, 8, 32, 256):
+        for per in (128, 512, 2048, 8192):
+            for n, k in ((4096, 7168), (7168, 2048), (2112, 7168), (520, 1040), (256, 256)):
+                cfg = select_config("contiguous", g * per, n, k, num_groups=g)
+                if cfg.num_multicast == 2:
+                    assert (cfg.block_m, cfg.block_n) in cfgmod.MULTICAST_TILES, str(cfg)
+                    assert cfg.multicast_on_a
+                seen.add(cfg.num_multicast)
+    assert seen == {1, 2}
 
 
 @pytest.mark.parametrize("kind,g,m,n,k", [c for c in BENCHMARK_CASES if c[0] == "contiguous"])

@@ -131,11 +131,11 @@ def test_split_k_skew_matches_the_python_rule():
     _config.split_k_skew, the cost model and the reference's summation
     order assume: static asserts over every split-K BLOCK_M and several K."""
     checks = []
-    for k in (256, 1792, 2048, 2304, 7168, 16384):
+    for k in (256, 1792, 2048, 2288, 2304, 7168, 16384):
         for bm in _config.SPLIT_K_BLOCK_MS:
             t = f"cugemm8::GemmTraits<2112u, {k}u, {bm}u, 32u, 6u, 1u, false, 64u, 0u, 1u, 2u>"
             skew = _config.split_k_skew(bm, k)
-            half = k // 128 // 2
+            half = -(-k // 128) // 2
             checks.append(f"static_assert({t}::kSplitSkew == {skew}u && {t}::kKBlocksRank0 == {half + skew}u "
                           f"&& {t}::kKBlocksRank1 == {half - skew}u, \"{bm} {k}\");")
     _compile_static_asserts(checks)

@@ -270,6 +270,13 @@ def test_gemm_fp8_checks_the_gemm_rules_before_quantising(monkeypatch):
         cugemm8.gemm_fp8(a, b, out=np.zeros((64, 256), BF16))
     with pytest.raises(ValueError, match="2-D"):
         cugemm8.gemm_fp8(fake((2, 64, 512), BF16), b)
+    # a quantised pair with a bad payload or scale: rejected before `a` is cast
+    with pytest.raises(TypeError, match="b payload"):
+        cugemm8.gemm_fp8(a, (fake((256, 512), np.int8), fake((2, 4), np.float32)))
+    with pytest.raises(ValueError, match="sfb"):
+        cugemm8.gemm_fp8(a, (fake((256, 512), np.uint8), fake((2, 5), np.float32)))
+    with pytest.raises(ValueError, match="sfa"):
+        cugemm8.gemm_fp8((fake((64, 512), np.uint8), fake((64, 3), np.float32)), b)
     assert launched == []
 
 
@@ -365,7 +372,7 @@ def test_contiguous_layout_sizes_must_be_ints(bad):
         cugemm8.make_contiguous_layout(bad)
 
 
-@pytest.mark.parametrize("bad", [5, None, "12"])
+@pytest.mark.parametrize("bad", [5, None, "12", {0: 100, 1: 200}, {100, 200}])
 def test_contiguous_layout_sizes_must_be_a_sequence(bad):
     with pytest.raises(TypeError, match="sequence of ints"):
         cugemm8.make_contiguous_layout(bad)

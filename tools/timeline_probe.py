@@ -76,26 +76,27 @@ PROBE = [
      "    uint32_t red_phase = 0;   // split K across the cluster: exchanges done, mod 2\n"
      "    bool probe_first_m = true;\n"),
     (K, "        __syncwarp();\n        // 8-column chunks",
-     "        __syncwarp();\n        if (tid == 0 && probe_first_m) probe_ts[3] = probe_clock();\n"
+     "        __syncwarp();\n        if (threadIdx.x == 0 && probe_first_m) probe_ts[3] = probe_clock();\n"
      "        // 8-column chunks"),
     (K, "            mbarrier_wait(full_bar + stage, phase);\n",
      "            mbarrier_wait(full_bar + stage, phase);\n"
-     "            if (tid == 0 && probe_first_m) {\n"
+     "            if (threadIdx.x == 0 && probe_first_m) {\n"
      "              if (j == 0) probe_ts[4] = probe_clock();\n"
-     "              if (j + 2 >= kCount) probe_ts[5] = probe_clock();\n"
+     "              if (j + 2 >= kCount) { probe_ts[5] = probe_clock(); probe_ts[13] = j; }\n"
      "            }\n"),
     (K, "          red_phase ^= 1;\n",
      "          red_phase ^= 1;\n"
-     "          if (tid == 0 && probe_first_m) probe_ts[12] = probe_clock();\n"),
+     "          if (threadIdx.x == 0 && probe_first_m) probe_ts[12] = probe_clock();\n"),
     (K, "        dispatch_num_former<BLOCK_N>(n0, k_loop);\n",
      "        dispatch_num_former<BLOCK_N>(n0, k_loop);\n"
-     "        if (tid == 0 && probe_first_m) probe_ts[6] = probe_clock();\n"),
+     "        if (threadIdx.x == 0 && probe_first_m) probe_ts[6] = probe_clock();\n"),
     (K, "        if (issued) tma_store_commit();\n      }\n    }\n",
      "        if (issued) tma_store_commit();\n"
-     "        if (probe_first_m) probe_ts[7] = probe_clock();\n      }\n"
+     "        if (threadIdx.x == 0 && probe_first_m) probe_ts[7] = probe_clock();\n      }\n"
      "      probe_first_m = false;\n    }\n"),
     (K, "    if (tid == 0) tma_store_wait_read<0>();\n  }\n",
-     "    if (tid == 0) { tma_store_wait_read<0>(); probe_ts[8] = probe_clock(); }\n  }\n"),
+     "    if (tid == 0) tma_store_wait_read<0>();\n"
+     "    if (threadIdx.x == 0) probe_ts[8] = probe_clock();\n  }\n"),
     (K, "    cluster_sync();\n  }\n}\n\n}  // namespace cugemm8",
      "    cluster_sync();\n  }\n"
      "  if (threadIdx.x == 0) { probe_ts[9] = probe_clock(); probe_ts[10] = probe_gt(); }\n"
@@ -108,14 +109,16 @@ DEFAULT = [(128, 4096, 7168, "64x64 s12"), (64, 4096, 7168, "64x32 s16"),
            (64, 32768, 512, "64x128 s6")]
 
 
-def summarise(ts: np.ndarray, ctas: int, kblocks: int) -> dict:
+def summarise(ts: np.ndarray, ctas: int) -> dict:
     t = ts[:ctas].astype(np.float64)
     cyc_total = t[:, 9] - t[:, 1]
     ns_total = t[:, 10] - t[:, 0]
     ghz = np.median(cyc_total / np.maximum(ns_total, 1))
     us = lambda a, b: np.median(t[:, b] - t[:, a]) / ghz / 1e3  # noqa: E731
-    valid = t[:, 5] > t[:, 4]
-    per_kb = np.median((t[valid, 5] - t[valid, 4]) / max(kblocks - 2, 1)) / ghz / 1e3 if valid.any() else 0.0
+    # slot 4: the first K block's stage landed (j = 0); slot 5: a late one
+    # (j = slot 13), both seen by warpgroup 0's first thread
+    valid = (t[:, 5] > t[:, 4]) & (t[:, 13] > 0)
+    per_kb = (np.median((t[valid, 5] - t[valid, 4]) / t[valid, 13]) / ghz / 1e3) if valid.any() else 0.0
     kloop = (t[:, 6] - t[:, 1]) / ghz / 1e3    # entry -> K loop done, per CTA
     split = t[:, 12] > 0                      # split K: the pair exchange ran
     xchg0 = np.median(t[0::2, 12][split[0::2]] - t[0::2, 6][split[0::2]]) / ghz / 1e3 if split[0::2].any() else 0.0
@@ -174,7 +177,7 @@ def main(argv=None) -> int:
                 cp.cuda.runtime.deviceSynchronize()
                 ref, _ = reference(ops, shape, cp)
                 diff = calc_diff(bf16_to_f64(out, cp), ref, cp)
-                s = summarise(cp.asnumpy(ts), cfg.num_sms, -(-k // 128) // cfg.num_k_splits)
+                s = summarise(cp.asnumpy(ts), cfg.num_sms)
                 s.update(shape=f"{m}x{n}x{k}", config=str(cfg), calc_diff=diff, cold=cold)
                 rows.append(s)
                 print(f"{s['shape']:16s} {s['config'] + (' cold' if cold else ' warm'):22s} {s['ghz']:5.2f} "

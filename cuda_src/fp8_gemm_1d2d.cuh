@@ -167,8 +167,8 @@ struct GemmTraits {
   // than half and rank 1 two fewer, so rank 1 finishes four blocks before
   // rank 0 and its FP32 partial tile (128 x BLOCK_N x 4 bytes) is on its way
   // while rank 0 still computes.  Measured on
-  // the H200 (benches/RESULTS.md, v0.6): 128x32 -2.5 %, 128x64 -2.4 %;
-  // with BLOCK_M = 64 (8-12 KB partials, a shorter exchange) it cost 1-3 %,
+  // the H200 (benches/RESULTS.md, v0.6): 128x32 -2.1 %, 128x64 -2.4 % at
+  // K = 7168; with BLOCK_M = 64 (4-8 KB partials, a shorter exchange) it cost 1-3 %,
   // so those keep an even split.  Even, so both ranks keep the parity of
   // kKBlocksPerSplit; only where each rank keeps at least 6 blocks.
   // (_config.split_k_skew mirrors this rule.)

@@ -197,10 +197,10 @@ C_TWO_PASS = 2300.0                 # contiguous, BLOCK_M = 256: per tile (measu
 #: contiguous GEMMs with >= 512 rows and +2..+8 % on the masked ones, so it
 #: stayed out.  v0.6 re-measured it on the current kernel
 #: (benches/results/variants_v0.6/run_contig_mc.log, alternating runs): on
-#: the contiguous layout A multicast is 2.5-2.8 % faster at K = 2048 (128x192:
+#: the contiguous layout A multicast is 2.5-3.0 % faster at K = 2048 (128x192:
 #: 749-757 vs 770-778 us, three pairs on each shape) and 0.8-1.2 % at
 #: K = 7168 (256x128), every pair the same way; on the normal GEMM at
-#: M = 4096 it stays within -1..+2 % (run_mc4096.log), so only the contiguous
+#: M = 4096 it stays within -1..+3 % (run_mc4096.log), so only the contiguous
 #: layout uses it.  Forced configurations (make_config) can use it anywhere.
 MULTICAST_KINDS = ("contiguous",)
 #: ... and only for these (BLOCK_M, BLOCK_N) tiles, the ones measured above;
@@ -565,7 +565,8 @@ def split_k_skew(block_m: int, k: int) -> int:
     cuda_src/fp8_gemm_1d2d.cuh): 2 with BLOCK_M = 128 when each rank has at
     least 8 blocks, else 0.  Rank 1 then finishes four blocks before rank 0,
     and its FP32 partial tile is in flight while rank 0 runs them.  Measured on the H200
-    (benches/RESULTS.md, v0.6): 128x32 2.5 % and 128x64 2.4 % faster; the
+    (benches/RESULTS.md, v0.6): 128x32 2.1 % and 128x64 2.4 % faster at
+    K = 7168 (no change at K = 2048); the
     BLOCK_M = 64 exchange is shorter, and the same skew cost them 1-3 %.
     """
     half = _ceil_div(k, BLOCK_K) // 2

@@ -166,7 +166,7 @@ __all__ = [
     "BLOCK_N_CANDIDATES", "GemmConfig", "select_config", "ranked_configs",
     "smem_size", "max_stages", "candidate_block_ms", "candidate_block_ns",
     "swizzle_d_bytes", "is_legal", "make_config", "tile_counts", "max_k",
-    "format_table", "BENCHMARK_CASES", "split_k_skew",
+    "format_table", "BENCHMARK_CASES", "split_k_skew", "check_n_k",
 ]
 
 KINDS = ("normal", "contiguous", "masked")
@@ -527,10 +527,6 @@ def _validate(kind, m, n, k, num_groups, num_sms, smem_limit):
     smem_limit = _as_int("smem_limit", smem_limit)
     if m < 0:
         raise ValueError(f"m must be >= 0, got {m}")
-    if n <= 0 or n % 8:
-        raise ValueError(f"n = {n} must be a positive multiple of 8 (16-byte BF16 output rows)")
-    if k <= 0 or k % 16:
-        raise ValueError(f"k = {k} must be a positive multiple of 16 (16-byte FP8 rows for TMA)")
     if num_groups < 1:
         raise ValueError(f"num_groups must be >= 1, got {num_groups}")
     if kind == "normal" and num_groups != 1:
@@ -539,13 +535,28 @@ def _validate(kind, m, n, k, num_groups, num_sms, smem_limit):
         raise ValueError(f"num_sms must be >= 1, got {num_sms}")
     if smem_limit < 1:
         raise ValueError(f"smem_limit must be > 0, got {smem_limit}")
+    check_n_k(n, k, smem_limit)
+    return kind, m, n, k, num_groups, num_sms, smem_limit
+
+
+def check_n_k(n: int, k: int, smem_limit: int = SMEM_LIMIT) -> None:
+    """The GEMMs' rules on ``n`` and ``k`` (integers), shared by
+    :func:`select_config` and the ops' validation (cugemm8/gemm.py).
+
+    Raises ``ValueError`` unless ``n`` is a positive multiple of 8 (16-byte
+    BF16 output rows), ``k`` a positive multiple of 16 (16-byte FP8 rows for
+    TMA) and ``k <= max_k(smem_limit)``.
+    """
+    if k <= 0 or k % 16:
+        raise ValueError(f"k = {k} must be a positive multiple of 16 (16-byte FP8 rows for TMA)")
+    if n <= 0 or n % 8:
+        raise ValueError(f"n = {n} must be a positive multiple of 8 (16-byte BF16 output rows)")
     limit = max_k(smem_limit)
     if 0 < limit < k:           # (limit 0: no tile fits at all; _rank says so)
         raise ValueError(f"k = {k} exceeds {limit}: each math warp keeps the tile's "
                          f"B scales for the whole K in shared memory (64 * ceil(k/128) bytes), and "
                          f"beyond that even the smallest tile (64x8, {_min_stages(64, 8)} stages) "
                          f"does not fit smem_limit={smem_limit} bytes")
-    return kind, m, n, k, num_groups, num_sms, smem_limit
 
 
 def _two_pass_rows(m: int, num_experts: int) -> int:

@@ -195,18 +195,6 @@ def _check_placement(out, inputs: dict, cupy) -> None:
     _check_no_alias(out, inputs)
 
 
-def _check_nk(n: int, k: int):
-    if k <= 0 or k % 16:
-        raise ValueError(f"k = {k} must be a positive multiple of 16 (16-byte FP8 rows for TMA)")
-    if n <= 0 or n % 8:
-        raise ValueError(f"n = {n} must be a positive multiple of 8 (16-byte BF16 output rows)")
-    limit = _config.max_k()
-    if k > limit:
-        # Checked here, before any device lookup, so it is a ValueError on any machine.
-        raise ValueError(f"k = {k} exceeds {limit}: each math warp keeps the tile's B scales for "
-                         f"the whole K in shared memory (cugemm8._config.max_k)")
-
-
 def _prepare_sfa(sfa):
     return sfa if is_tma_aligned_mn_major(sfa) else get_col_major_tma_aligned_tensor(sfa)
 
@@ -429,7 +417,7 @@ def gemm_fp8_fp8_bf16_nt(lhs, rhs, out) -> None:
     n, kb_ = b.shape
     if kb_ != k:
         raise ValueError(f"a is [m, k] = {list(a.shape)} and b is [n, k] = {list(b.shape)}: k differs")
-    _check_nk(n, k)
+    _config.check_n_k(n, k)          # before any device lookup: a ValueError on any machine
     kb, nb = -(-k // 128), -(-n // 128)
     _check_f32("lhs[1] (sfa)", sfa, (m, kb), cupy)
     _check_f32("rhs[1] (sfb)", sfb, (nb, kb), cupy)
@@ -484,7 +472,7 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs, rhs, out, m_indices) -> None:
         raise ValueError(f"a is [m_sum, k] = {list(a.shape)} and b is [g, n, k] = {list(b.shape)}: k differs")
     if g < 1:
         raise ValueError("b must hold at least one expert (g >= 1)")
-    _check_nk(n, k)
+    _config.check_n_k(n, k)          # before any device lookup: a ValueError on any machine
     kb, nb = -(-k // 128), -(-n // 128)
     _check_f32("lhs[1] (sfa)", sfa, (m, kb), cupy)
     _check_f32("rhs[1] (sfb)", sfb, (g, nb, kb), cupy)
@@ -537,7 +525,7 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs, rhs, out, masked_m, expected_m: i
         raise ValueError(f"a has {g} groups but b has {gb}")
     if kb_ != k:
         raise ValueError(f"a is [g, m_max, k] = {list(a.shape)} and b is [g, n, k] = {list(b.shape)}: k differs")
-    _check_nk(n, k)
+    _config.check_n_k(n, k)          # before any device lookup: a ValueError on any machine
     kb, nb = -(-k // 128), -(-n // 128)
     _check_f32("lhs[1] (sfa)", sfa, (g, m_max, kb), cupy)
     _check_f32("rhs[1] (sfb)", sfb, (g, nb, kb), cupy)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _device, _jit
+from . import _config, _device, _jit
 from ._checks import check_device_array, check_on_current_device
 from .reference import MIN_AMAX_FLOOR, check_quant_options
 
@@ -324,24 +324,22 @@ def gemm_fp8(a, b, out=None, *, pow2_scale: bool = False):
     from . import gemm as _gemm  # imported lazily: quant works without the GEMM module
     # The GEMM's shape, dtype and layout rules first, so that nothing is
     # quantised (no launch) for a call the GEMM would reject.
-    m, k = _operand_shape("a", a, cupy)
-    n, k_b = _operand_shape("b", b, cupy)
+    m, k = _operand_shape("a", a, cupy, _gemm)
+    n, k_b = _operand_shape("b", b, cupy, _gemm)
     if k_b != k:
         raise ValueError(f"a is [m, k] = {[m, k]} and b is [n, k] = {[n, k_b]}: k differs")
-    _gemm._check_nk(n, k)
+    _config.check_n_k(n, k)
+    # The scales of already quantised pairs (aliasing with ``out`` is checked
+    # by the GEMM, after any quantisation).
     kb = -(-k // _GROUP)
-    # Already quantised pairs: payload and scale rules too (aliasing with
-    # ``out`` is checked by the GEMM, after any quantisation).
     if isinstance(a, (tuple, list)):
-        _gemm._as_fp8("a payload", a[0], 2, cupy)
         _gemm._check_f32("a scale (sfa)", a[1], (m, kb), cupy)
     if isinstance(b, (tuple, list)):
-        _gemm._as_fp8("b payload", b[0], 2, cupy)
         _gemm._check_f32("b scale (sfb)", b[1], (-(-n // _GROUP), kb), cupy)
     if out is not None:
         _gemm._check_out("out", out, (m, n), cupy)
-    lhs = _operand("a", a, per_token_cast_to_fp8, pow2_scale)
-    rhs = _operand("b", b, per_block_cast_to_fp8, pow2_scale)
+    lhs = _operand(a, per_token_cast_to_fp8, pow2_scale)
+    rhs = _operand(b, per_block_cast_to_fp8, pow2_scale)
     if out is None:
         import ml_dtypes
         out = cupy.empty((m, n), dtype=ml_dtypes.bfloat16)
@@ -349,27 +347,24 @@ def gemm_fp8(a, b, out=None, *, pow2_scale: bool = False):
     return out
 
 
-def _operand_shape(name: str, x, cupy) -> tuple:
-    """Validate one operand of :func:`gemm_fp8` (a float array or a
-    ``(payload, scale)`` pair) without launching anything; its 2-D shape."""
+def _operand_shape(name: str, x, cupy, gemm) -> tuple:
+    """Validate one operand of :func:`gemm_fp8` without launching anything
+    and return its 2-D shape: a float CuPy array (the quantiser's rules), or
+    a ``(payload, scale)`` pair whose payload follows the GEMM's rules (its
+    scale is checked by the caller, once the shapes are known)."""
     if isinstance(x, (tuple, list)):
         if len(x) != 2:
             raise TypeError(f"{name} must be a float array or a (payload, scale) pair, "
                             f"got a sequence of length {len(x)}")
-        for part, what in zip(x, ("payload", "scale")):
-            check_device_array(f"{name} {what}", part, cupy)
-        payload = x[0]
-    elif isinstance(x, cupy.ndarray) and x.dtype.name in _IN_DTYPES:
-        _check_input(name, x, cupy)
-        payload = x
+        payload = gemm._as_fp8(f"{name} payload", x[0], 2, cupy)
     else:
-        _check_input(name, x, cupy)      # raises the specific TypeError / ValueError
-        raise TypeError(f"{name} must be a float array or a (payload, scale) pair")
+        _check_input(name, x, cupy)      # a float CuPy array, or the specific TypeError / ValueError
+        payload = x
     if payload.ndim != 2:
         raise ValueError(f"{name} must be 2-D [rows, k], got shape {payload.shape}")
     return tuple(payload.shape)
 
 
-def _operand(name: str, x, cast, pow2_scale):
+def _operand(x, cast, pow2_scale):
     """A validated operand (see :func:`_operand_shape`) as a (payload, scale) pair."""
     return tuple(x) if isinstance(x, (tuple, list)) else cast(x, pow2_scale=pow2_scale)

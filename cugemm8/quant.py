@@ -124,13 +124,17 @@ def _per_token_split(rows: int, k: int, itemsize: int, num_sms: int):
 
     A chunk is one 16-byte load per lane of a warp (512 bytes of input).  A
     warp normally takes ``_UNROLL`` chunks (its loads all in flight at once);
-    fewer when that would leave the GPU with less than about two waves of
-    warps, as for decode-sized batches (m = 128, k = 7168: 3584 warps of one
-    chunk instead of 896 of four).
+    fewer (2, then 1) when that would give the GPU fewer than 16 warps per
+    SM, as for decode-sized batches (m = 128, k = 7168: 3584 warps of one
+    chunk instead of 896 of four).  The threshold is measured
+    (``benches/sweep_quant.py``, benches/RESULTS.md v0.7): four chunks per
+    warp are fastest from 384 rows of k = 7168 up (2688 warps), two at 256
+    rows; the v0.6 rule (two full waves, 10560 warps) took one chunk up to
+    about 1500 rows and was 10-25 % slower there.
     """
     chunks_per_row = -(-k // (32 * (16 // itemsize)))
     per_task = _UNROLL
-    target = 2 * num_sms * 40          # ~40 resident warps per SM (48 registers)
+    target = 16 * num_sms
     while per_task > 1 and rows * -(-chunks_per_row // per_task) < target:
         per_task //= 2
     return -(-chunks_per_row // per_task), per_task

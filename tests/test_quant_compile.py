@@ -377,6 +377,11 @@ def test_per_token_split_covers_everything_once(g, m, k, itemsize):
 def test_per_token_split_heuristic():
     assert Q._per_token_split(4096, 7168, 2, 132) == (7, 4)      # prefill: 4 chunks per warp
     assert Q._per_token_split(128, 7168, 2, 132) == (28, 1)      # decode: spread over the GPU
+    # Measured on the H200 (benches/RESULTS.md v0.7): 2 chunks per warp at
+    # 256 rows, 4 from 384 rows up
+    assert Q._per_token_split(256, 7168, 2, 132) == (14, 2)
+    assert Q._per_token_split(384, 7168, 2, 132) == (7, 4)
+    assert Q._per_token_split(1024, 7168, 2, 132) == (7, 4)
     for rows in (1, 7, 64, 300, 5000):
         for k in (16, 128, 1024, 7168, 16384):
             for item in (2, 4):

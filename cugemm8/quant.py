@@ -130,7 +130,8 @@ def _per_token_split(rows: int, k: int, itemsize: int, num_sms: int):
     (``benches/sweep_quant.py``, benches/RESULTS.md v0.7): four chunks per
     warp are fastest from 384 rows of k = 7168 up (2688 warps), two at 256
     rows; the v0.6 rule (two full waves, 10560 warps) took one chunk up to
-    about 1500 rows and was 10-25 % slower there.
+    754 rows and two up to 1508; the v0.7 rule takes 11-27 % less time at
+    256-1024 rows.
     """
     chunks_per_row = -(-k // (32 * (16 // itemsize)))
     per_task = _UNROLL

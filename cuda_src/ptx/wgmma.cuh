@@ -16,13 +16,12 @@ namespace cugemm8 {
 //   bits 32-45: stride-dimension byte offset >> 4 (1024 B between 8-row groups)
 //   bits 49-51: base offset (0: tiles are 1024-byte aligned)
 //   bits 62-63: swizzle mode (1 = 128B)
+// The constant fields: stride 1024 B (bits 32-45) and the 128B swizzle (bits 62-63).
+constexpr uint64_t kSmemDescSw128Hi = (static_cast<uint64_t>(1024 >> 4) << 32) | (1ull << 62);
+
 __device__ __forceinline__ uint64_t make_smem_desc_sw128(const void* smem_ptr) {
-  uint64_t addr = smem_addr(smem_ptr);
-  uint64_t desc = 0;
-  desc |= (addr & 0x3FFFFull) >> 4;
-  desc |= static_cast<uint64_t>(1024 >> 4) << 32;
-  desc |= 1ull << 62;
-  return desc;
+  const uint64_t addr = smem_addr(smem_ptr);
+  return kSmemDescSw128Hi | ((addr & 0x3FFFFull) >> 4);
 }
 
 // The descriptor split into its variable low word (start address >> 4, to
@@ -32,8 +31,7 @@ __device__ __forceinline__ uint32_t smem_desc_sw128_lo(const void* smem_ptr) {
   return static_cast<uint32_t>(make_smem_desc_sw128(smem_ptr));
 }
 __device__ __forceinline__ uint64_t smem_desc_sw128_from_lo(uint32_t lo) {
-  constexpr uint64_t kHi = (static_cast<uint64_t>(1024 >> 4) << 32) | (1ull << 62);
-  return kHi | lo;
+  return kSmemDescSw128Hi | lo;
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }

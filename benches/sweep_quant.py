@@ -30,7 +30,7 @@ import ml_dtypes           # noqa: E402
 import numpy as np         # noqa: E402
 
 import common              # noqa: E402
-from bench_quant import case_bytes_of  # noqa: E402
+from bench_quant import case_bytes_of, same_bits  # noqa: E402
 from cugemm8 import quant as Q  # noqa: E402
 
 
@@ -60,12 +60,6 @@ def timed(fn, reps, flush):
     if k is not None:
         return k.median, "cupti"
     return common.time_call(fn, reps=reps, warmup=3, flush=flush).median, "events"
-
-
-def same(r1, r2) -> bool:
-    (a1, s1), (a2, s2) = r1, r2
-    return bool(cp.array_equal(a1, a2)) and bool(
-        cp.array_equal(s1.view(cp.uint32), s2.view(cp.uint32)))
 
 
 def main(argv=None) -> int:
@@ -100,7 +94,7 @@ def main(argv=None) -> int:
             try:
                 got = fn()
                 row["forced"][str(p)] = {"us": timed(fn, args.reps, flush)[0],
-                                         "exact": same(got, ref)}
+                                         "exact": same_bits(got, ref)}
             finally:
                 Q._per_token_split = saved
         results.append(row)

@@ -15,9 +15,10 @@ import sys
 sys.path.insert(0, ".")
 import cupy as cp  # noqa: E402
 
-from cugemm8.cli import Shape, config_string, gemm_call, make_operands, poisoned_out  # noqa: E402
+from cugemm8.cli import DEEPSEEK_NK, Shape, config_string, gemm_call, make_operands, poisoned_out  # noqa: E402
 
-NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
+# The (N, K) pairs with DeepGEMM figures: the table without N = 576
+NK = [(n, k) for n, k in DEEPSEEK_NK if n != 576]
 ms = [int(v) for v in sys.argv[1:]] or [64, 128, 4096]
 calls = []
 for m in ms:

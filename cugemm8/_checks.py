@@ -23,3 +23,34 @@ def check_on_current_device(arrays: dict, cupy) -> None:
         if x is not None and x.device.id != dev:
             raise ValueError(f"{name} is on device {x.device.id} but the current device is {dev}; "
                              f"run under `with cupy.cuda.Device({x.device.id}):`")
+
+
+def capturing(cupy) -> bool:
+    """Whether CuPy's current stream is capturing a CUDA graph.
+
+    A stream that cannot be queried because another stream captures in
+    global mode (``cudaErrorStreamCaptureImplicit`` on the legacy stream)
+    counts as capturing: work queued there would break that capture anyway.
+    """
+    try:
+        return bool(cupy.cuda.get_current_stream().is_capturing())
+    except cupy.cuda.runtime.CUDARuntimeError as exc:
+        # Any other error (no driver, no device) is not a capture; the
+        # call's own device checks report it.
+        return "StreamCapture" in str(exc)
+
+
+def refuse_temporary_under_capture(what: str, fix: str, cupy) -> None:
+    """Raise ``ValueError`` when a call that needs a temporary device buffer
+    (``what``) runs under CUDA-graph capture.
+
+    The temporary is freed when the call returns, but the captured kernels
+    keep its address: every replay would read and write memory that CuPy has
+    since handed to other arrays (a use after free).  So such calls are
+    refused during capture, before anything is queued, with ``fix`` saying how
+    to make the call temporary-free.
+    """
+    if capturing(cupy):
+        raise ValueError(f"{what}, which would be freed when this call returns while the CUDA graph "
+                         f"being captured on the current stream keeps using its address on every "
+                         f"replay; {fix}")

@@ -539,18 +539,23 @@ def _validate(kind, m, n, k, num_groups, num_sms, smem_limit):
     return kind, m, n, k, num_groups, num_sms, smem_limit
 
 
-def check_n_k(n: int, k: int, smem_limit: int = SMEM_LIMIT) -> None:
+def check_n_k(n: int, k: int, smem_limit: int = SMEM_LIMIT, *, allow_empty: bool = False) -> None:
     """The GEMMs' rules on ``n`` and ``k`` (integers), shared by
     :func:`select_config` and the ops' validation (cugemm8/gemm.py).
 
     Raises ``ValueError`` unless ``n`` is a positive multiple of 8 (16-byte
     BF16 output rows), ``k`` a positive multiple of 16 (16-byte FP8 rows for
-    TMA) and ``k <= max_k(smem_limit)``.
+    TMA) and ``k <= max_k(smem_limit)``.  With ``allow_empty`` (the ops),
+    ``n == 0`` and ``k == 0`` pass too: such calls launch no GEMM (an empty
+    output, or zeros for ``k == 0``, as DeepGEMM does).
     """
-    if k <= 0 or k % 16:
-        raise ValueError(f"k = {k} must be a positive multiple of 16 (16-byte FP8 rows for TMA)")
-    if n <= 0 or n % 8:
-        raise ValueError(f"n = {n} must be a positive multiple of 8 (16-byte BF16 output rows)")
+    lo = 0 if allow_empty else 1
+    if k < lo or k % 16:
+        kind = "a non-negative" if allow_empty else "a positive"
+        raise ValueError(f"k = {k} must be {kind} multiple of 16 (16-byte FP8 rows for TMA)")
+    if n < lo or n % 8:
+        kind = "a non-negative" if allow_empty else "a positive"
+        raise ValueError(f"n = {n} must be {kind} multiple of 8 (16-byte BF16 output rows)")
     limit = max_k(smem_limit)
     if 0 < limit < k:           # (limit 0: no tile fits at all; _rank says so)
         raise ValueError(f"k = {k} exceeds {limit}: each math warp keeps the tile's "

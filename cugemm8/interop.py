@@ -62,11 +62,26 @@ def _capsule_dtype(capsule) -> tuple[int, int]:
     return int(field[0]), int(field[1])
 
 
-class _Relabelled:
-    """A DLPack producer that forwards to ``obj`` and relabels e4m3fn <-> uint8."""
+#: DLPack 1.1 type codes of the FP8 / FP6 / FP4 formats other than e4m3fn
+#: (kDLFloat8_e3m4 = 7 ... kDLFloat4_e2m1fn = 17): bytes cugemm8 must never
+#: take for e4m3fn.
+_OTHER_LOW_PRECISION = {7: "float8_e3m4", 8: "float8_e4m3", 9: "float8_e4m3b11fnuz",
+                        11: "float8_e4m3fnuz", 12: "float8_e5m2", 13: "float8_e5m2fnuz",
+                        14: "float8_e8m0fnu", 15: "float6_e2m3fn", 16: "float6_e3m2fn",
+                        17: "float4_e2m1fn"}
 
-    def __init__(self, obj, src_code: int, dst_code: int):
+
+class _Relabelled:
+    """A DLPack producer that forwards to ``obj`` and relabels e4m3fn <-> uint8.
+
+    The decision is taken on the capsule's own type code, not on the
+    producer's dtype object, so it works for every producer (JAX, PyTorch's
+    ``torch.float8_e4m3fn``, whose dtype has no ``.name``, CuPy, ...).
+    """
+
+    def __init__(self, obj, src_code: int, dst_code: int, *, reject_other_fp8: bool = False):
         self._obj, self._src, self._dst = obj, src_code, dst_code
+        self._reject = reject_other_fp8
 
     def __dlpack_device__(self):
         return self._obj.__dlpack_device__()
@@ -80,11 +95,10 @@ class _Relabelled:
         code, bits = _capsule_dtype(capsule)
         if code == self._src and bits == 8:
             _relabel_capsule(capsule, self._dst, 8)
+        elif self._reject and code in _OTHER_LOW_PRECISION:
+            raise TypeError(f"x holds {_OTHER_LOW_PRECISION[code]} elements (DLPack type code {code}); "
+                            f"cugemm8's FP8 operands are float8_e4m3fn (or uint8 e4m3fn bits)")
         return capsule
-
-
-def _is_float8_e4m3fn(x) -> bool:
-    return getattr(getattr(x, "dtype", None), "name", "") == "float8_e4m3fn"
 
 
 def to_cupy(x):
@@ -103,9 +117,15 @@ def to_cupy(x):
         ``cupy.ndarray`` sharing ``x``'s memory.  Keep ``x`` alive while it is
         used; do not write into it if the producer treats it as immutable (JAX).
 
+    Strides cross as they are: a transposed or sliced tensor arrives as a
+    CuPy view with the same strides, and the ops then reject a layout they
+    cannot read (e.g. a transposed FP8 operand: "must be K-major").
+
     Raises:
-        TypeError: ``x`` lives in host memory (NumPy, a CPU JAX array): copy it
-            with ``cupy.asarray`` instead; or it is not a DLPack producer.
+        TypeError: ``x`` lives in host memory (NumPy, a CPU JAX array or torch
+            tensor): copy it with ``cupy.asarray`` or move it to the GPU
+            first; it is not a DLPack producer; or it holds another FP8 / FP6
+            / FP4 format (e5m2, e4m3fnuz, ...), never taken for e4m3fn.
     """
     import cupy
     if isinstance(x, cupy.ndarray):
@@ -121,8 +141,7 @@ def to_cupy(x):
                         "(move it to the GPU first, or copy it with cupy.asarray)")
     if int(dev_type) not in _CUDA_DEVICES:
         raise TypeError(f"x ({type(x).__name__}) is on DLPack device type {int(dev_type)}, not CUDA")
-    src = _Relabelled(x, KDL_FLOAT8_E4M3FN, KDL_UINT) if _is_float8_e4m3fn(x) else x
-    return cupy.from_dlpack(src)
+    return cupy.from_dlpack(_Relabelled(x, KDL_FLOAT8_E4M3FN, KDL_UINT, reject_other_fp8=True))
 
 
 def to_jax(x, *, fp8: bool = False):
@@ -171,6 +190,19 @@ def _keep_alive(*refs) -> None:
         _pending.pop(0)
 
 
+def _refuse_capture() -> None:
+    """The JAX-facing ops make temporaries (row-major scales converted to and
+    from the kernels' layout) and hold foreign inputs until an event on the
+    stream completes; neither survives CUDA-graph capture, so they refuse it."""
+    import cupy
+    from ._checks import capturing
+    if capturing(cupy):
+        raise ValueError("the JAX-facing ops (*_jax) cannot run under CUDA-graph capture: they "
+                         "convert scale layouts into temporaries that the graph would keep using "
+                         "after they are freed; capture the CuPy ops on arrays from to_cupy instead, "
+                         "with sfa converted once by cugemm8.get_col_major_tma_aligned_tensor")
+
+
 def _pair(name, pair):
     if not isinstance(pair, (tuple, list)) or len(pair) != 2:
         raise TypeError(f"{name} must be a (payload, scale) pair")
@@ -194,6 +226,7 @@ def gemm_fp8_fp8_bf16_nt_jax(lhs, rhs):
     Raises what :func:`cugemm8.gemm_fp8_fp8_bf16_nt` raises, plus
     ``TypeError`` for host arrays.
     """
+    _refuse_capture()
     import cupy
     from . import gemm
     a, sfa = _pair("lhs", lhs)
@@ -221,6 +254,7 @@ def per_token_cast_to_fp8_jax(x, **kwargs):
         TypeError: ``x`` is not a CUDA DLPack producer, or has a wrong dtype.
         ValueError: a shape rule of the quantiser is broken.
     """
+    _refuse_capture()
     import cupy
     from . import quant
     xc = to_cupy(x)
@@ -245,6 +279,7 @@ def per_block_cast_to_fp8_jax(w, **kwargs):
         TypeError: ``w`` is not a CUDA DLPack producer, or has a wrong dtype.
         ValueError: a shape rule of the quantiser is broken.
     """
+    _refuse_capture()
     from . import quant
     wc = to_cupy(w)
     b, sfb = quant.per_block_cast_to_fp8(wc, **kwargs)

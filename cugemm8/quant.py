@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _config, _device, _jit
-from ._checks import check_device_array, check_on_current_device
+from ._checks import check_device_array, check_on_current_device, refuse_temporary_under_capture
 from .reference import MIN_AMAX_FLOOR, check_quant_options
 
 _HEADER = "quant.cuh"
@@ -82,33 +82,63 @@ def _check_input(name: str, x, cupy):
     if x.ndim not in (2, 3):
         raise ValueError(f"{name} must be 2-D [rows, k] or 3-D [g, rows, k], got shape {x.shape}")
     check_on_current_device({name: x}, cupy)
-    k = x.shape[-1]
-    if k % 16:
-        raise ValueError(f"{name} has k = {k}; k must be a multiple of 16 (16-byte FP8 rows, "
-                         f"the GEMMs' TMA rule)")
-    if x.shape[-2] > _INT32_MAX or k > _INT32_MAX:
+    if x.shape[-2] > _INT32_MAX or padded_k(x.shape[-1]) > _INT32_MAX:
         raise ValueError(f"{name} shape {x.shape}: rows and k must be below 2^31")
 
 
-def _kernel_operand(x, cupy):
-    """``(x', batch_stride, row_stride)`` (strides in elements) for the kernels.
+def padded_k(k: int) -> int:
+    """Columns of a quantised payload for ``k`` input columns: ``k`` rounded
+    up to a multiple of 16 (the GEMMs' 16-byte FP8 rows, a TMA rule)."""
+    return -(-k // 16) * 16
 
-    The kernels read any strides whose last dimension is contiguous and
-    whose base address and other strides are multiples of 16 bytes (negative
-    and zero strides included).  Anything else is copied to a fresh
-    C-contiguous (hence 16-byte aligned) array first.
-    """
+
+def _pad_k(name: str, x, cupy):
+    """``x`` with its last dimension zero-padded to :func:`padded_k` columns
+    (a new array), or ``x`` itself when no padding is needed.  Zero columns
+    change no 128-group's amax, so the scales are those of the unpadded
+    input, and they quantise to zero bytes."""
+    k = x.shape[-1]
+    kp = padded_k(k)
+    if kp == k:
+        return x
+    refuse_temporary_under_capture(
+        f"{name} has k = {k} columns, not a multiple of 16, so this call would zero-pad it into a "
+        f"temporary", f"pad it once before capturing (zeros up to {kp} columns) or quantise it "
+        f"outside the capture", cupy)
+    xp = cupy.zeros(x.shape[:-1] + (kp,), dtype=x.dtype)
+    xp[..., :k] = x
+    return xp
+
+
+def _readable_in_place(x) -> bool:
+    """Whether the kernels can read ``x`` as it is: a contiguous last
+    dimension, a 16-byte aligned base and every other stride a multiple of 16
+    bytes (negative and zero strides included)."""
     item = x.itemsize
+    if x.shape[-1] > 1 and x.strides[-1] != item:
+        return False
+    if x.data.ptr % 16:
+        return False
+    return all(x.shape[d] <= 1 or x.strides[d] % 16 == 0 for d in range(x.ndim - 1))
 
-    def readable(a):
-        if a.shape[-1] > 1 and a.strides[-1] != item:
-            return False
-        if a.data.ptr % 16:
-            return False
-        return all(a.shape[d] <= 1 or a.strides[d] % 16 == 0 for d in range(a.ndim - 1))
 
-    if x.size and not readable(x):
-        x = x.copy(order="C")
+def _in_place_or_copy(x, cupy):
+    """``x`` itself when :func:`_readable_in_place`, else a fresh
+    C-contiguous (hence 16-byte aligned) copy (refused under CUDA-graph
+    capture: the copy is a temporary)."""
+    if not x.size or _readable_in_place(x):
+        return x
+    refuse_temporary_under_capture(
+        "the input's strides cannot be read in place, so this call would copy it into a temporary",
+        "make it contiguous once before capturing (cupy.ascontiguousarray) and capture the call "
+        "on the result", cupy)
+    return x.copy(order="C")
+
+
+def _kernel_operand(x):
+    """``(x', batch_stride, row_stride)`` (strides in elements) of an input
+    that :func:`_in_place_or_copy` has made readable."""
+    item = x.itemsize
     x3 = x if x.ndim == 3 else x[None]
     batch = x3.strides[0] // item if x3.shape[0] > 1 else 0
     row = x3.strides[1] // item if x3.shape[1] > 1 else 0
@@ -149,7 +179,7 @@ def _launch_per_token(x, a, sfa_buf, min_amax_f32, pow2_scale: bool, cupy) -> No
     g = x.shape[0] if x.ndim == 3 else 1
     m_pad = sfa_buf.shape[-1]
     rows = g * m
-    x3, batch_stride, row_stride = _kernel_operand(x, cupy)
+    x3, batch_stride, row_stride = _kernel_operand(x)
     num_sms = _device.device_info(_device.require_hopper())["num_sms"]
     tasks_per_row, per_task = _per_token_split(rows, k, x.itemsize, num_sms)
     warps = rows * tasks_per_row
@@ -173,7 +203,7 @@ def _launch_per_block(w, b, sfb, min_amax_f32, pow2_scale: bool, cupy) -> None:
     tiles = g * nb * kb
     if tiles > _INT32_MAX:
         raise ValueError(f"w shape {w.shape} has {tiles} 128x128 tiles; at most 2^31 - 1")
-    w3, batch_stride, row_stride = _kernel_operand(w, cupy)
+    w3, batch_stride, row_stride = _kernel_operand(w)
     kern = _jit.get_kernel(_HEADER, kernel_name("per_block", w.dtype.name, pow2_scale))
     args = (w3, b, sfb, np.uint32(n), np.uint32(k), np.uint32(nb), np.uint32(kb),
             np.int64(batch_stride), np.int64(row_stride), min_amax_f32)
@@ -199,12 +229,19 @@ def per_token_cast_to_fp8(x, *, min_amax: float = 1e-4, pow2_scale: bool = False
     Requirements:
         ``x`` is a CuPy array on the current device, float32, float16 or
         bfloat16 (``ml_dtypes.bfloat16``), 2-D ``[m, k]`` or 3-D
-        ``[g, m, k]`` with ``k % 16 == 0``.  Any strides are accepted: a view
+        ``[g, m, k]``, any ``k``.  Any strides are accepted: a view
         whose last dimension is contiguous, whose base address and other
         strides are multiples of 16 bytes is read in place (e.g. the batch
         slice ``x_full[:, 3:, :]``, a padded row pitch, negative strides);
         any other view is first copied to a contiguous array (one extra
-        device copy, a temporary as large as ``x``).
+        device copy, a temporary as large as ``x``).  When ``k`` is not a
+        multiple of 16, ``x`` is first copied into a zero-padded temporary of
+        ``k_pad = ceil(k/16)*16`` columns (one extra device copy).
+
+        The calls that need a temporary (a copy or the K padding) are refused
+        with ``ValueError`` under CUDA-graph capture: the graph would keep
+        the freed temporary's address.  Aligned, in-place-readable inputs
+        capture fine.
 
     Arguments:
         x: activations ``[m, k]`` or ``[g, m, k]``.
@@ -217,8 +254,12 @@ def per_token_cast_to_fp8(x, *, min_amax: float = 1e-4, pow2_scale: bool = False
     Returns:
         ``(a, sfa)``:
 
-        * ``a``: uint8 ``[..., m, k]`` e4m3fn bit patterns, C-contiguous
-          (``a.view(ml_dtypes.float8_e4m3fn)`` gives a typed view);
+        * ``a``: uint8 ``[..., m, k_pad]`` e4m3fn bit patterns,
+          C-contiguous (``a.view(ml_dtypes.float8_e4m3fn)`` gives a typed
+          view), ``k_pad = ceil(k/16)*16`` (the GEMMs' ``k % 16`` rule):
+          columns ``[0, k)`` are bit-identical to the reference and columns
+          ``[k, k_pad)`` are zero bytes (+0.0), which add nothing to a GEMM;
+          ``k_pad == k`` when ``k % 16 == 0``;
         * ``sfa``: float32, logical shape ``[..., m, ceil(k/128)]``, stored
           MN-major and TMA-aligned as the GEMMs read it: it is a transposed
           view of a buffer ``[..., ceil(k/128), m_pad]`` with
@@ -232,13 +273,15 @@ def per_token_cast_to_fp8(x, *, min_amax: float = 1e-4, pow2_scale: bool = False
     Raises:
         TypeError: ``x`` not a CuPy array of a supported dtype; ``min_amax``
             not a real number; ``pow2_scale`` not a bool.
-        ValueError: wrong ndim, ``k % 16 != 0``, another device, sizes beyond
-            the kernels' 32-bit indexing, ``min_amax`` out of range.
+        ValueError: wrong ndim, another device, sizes beyond the kernels'
+            32-bit indexing, ``min_amax`` out of range; a temporary needed
+            under CUDA-graph capture (see Requirements).
         cugemm8.DeviceError: no usable Hopper GPU / NVRTC.
     """
     cupy = _device.import_cupy()
     _check_input("x", x, cupy)
     min_amax_f32 = check_quant_options(min_amax, pow2_scale)
+    x = _in_place_or_copy(_pad_k("x", x, cupy), cupy)
     squeeze = x.ndim == 2
     *lead, m, k = x.shape
     g = lead[0] if lead else 1
@@ -267,16 +310,19 @@ def per_block_cast_to_fp8(w, *, min_amax: float = 1e-4, pow2_scale: bool = False
     Requirements:
         As :func:`per_token_cast_to_fp8`: a CuPy float32 / float16 /
         bfloat16 array ``[n, k]`` or ``[g, n, k]`` on the current device,
-        ``k % 16 == 0``; views with a contiguous last dimension and 16-byte
-        aligned base and strides are read in place, others copied first.
+        any ``k`` (zero-padded to ``k_pad = ceil(k/16)*16`` columns in a
+        temporary when ``k % 16 != 0``); views with a contiguous last
+        dimension and 16-byte aligned base and strides are read in place,
+        others copied first; no temporary under CUDA-graph capture.
 
     Arguments:
         w: weights ``[n, k]`` or ``[g, n, k]``.
         min_amax, pow2_scale: as :func:`per_token_cast_to_fp8`.
 
     Returns:
-        ``(b, sfb)``: ``b`` uint8 ``[..., n, k]`` e4m3fn bits, C-contiguous;
-        ``sfb`` float32 ``[..., ceil(n/128), ceil(k/128)]``, C-contiguous.
+        ``(b, sfb)``: ``b`` uint8 ``[..., n, k_pad]`` e4m3fn bits,
+        C-contiguous, columns ``[k, k_pad)`` zero bytes; ``sfb`` float32
+        ``[..., ceil(n/128), ceil(k/128)]``, C-contiguous.
         Empty inputs return empty arrays without a launch.
 
     Raises:
@@ -285,6 +331,7 @@ def per_block_cast_to_fp8(w, *, min_amax: float = 1e-4, pow2_scale: bool = False
     cupy = _device.import_cupy()
     _check_input("w", w, cupy)
     min_amax_f32 = check_quant_options(min_amax, pow2_scale)
+    w = _in_place_or_copy(_pad_k("w", w, cupy), cupy)
     squeeze = w.ndim == 2
     *lead, n, k = w.shape
     g = lead[0] if lead else 1
@@ -299,30 +346,43 @@ def per_block_cast_to_fp8(w, *, min_amax: float = 1e-4, pow2_scale: bool = False
 def gemm_fp8(a, b, out=None, *, pow2_scale: bool = False):
     """One-call FP8 GEMM: ``out = a @ b^T`` in bfloat16, quantising as needed.
 
+    Any ``m``, ``n`` and ``k`` work for float inputs (the common unaligned
+    research case, e.g. 1000 x 1000 x 1000): ``k`` is zero-padded to a
+    multiple of 16 by the quantisers and ``n`` to a multiple of 8 here
+    (zero rows of ``b``), which changes no scale and adds nothing to the
+    product; only the ``[m, n]`` result is returned or written.
+
     Arguments:
         a: either a float CuPy array ``[m, k]`` (float32 / float16 /
             bfloat16), quantised with :func:`per_token_cast_to_fp8`, or an
             already quantised ``(payload_uint8 [m, k], sfa [m, ceil(k/128)])``
-            pair.
+            pair (the GEMM's rules: ``k % 16 == 0``, K-major).
         b: either a float CuPy array ``[n, k]``, quantised with
             :func:`per_block_cast_to_fp8`, or a ``(payload [n, k],
-            sfb [ceil(n/128), ceil(k/128)])`` pair.
+            sfb [ceil(n/128), ceil(k/128)])`` pair (``n % 8 == 0``).
+            The two ``k`` are compared after padding to a multiple of 16, so a
+            float ``[m, 1000]`` pairs with a quantised ``[n, 1008]`` payload
+            made from ``[n, 1000]`` weights.
         out: optional bfloat16 ``[m, n]`` output; allocated when None.
         pow2_scale: power-of-two scales for the operands quantised here
             (keyword-only).
 
     Returns:
-        ``out``, bfloat16 ``[m, n]``.
+        ``out``, bfloat16 ``[m, n]``.  When ``out`` is None and ``n % 8 != 0``
+        it is a view of an ``[m, ceil(n/8)*8]`` buffer (row stride padded to
+        16 bytes).
 
-    Requirements: those of the quantisers for float inputs and of
-    :func:`cugemm8.gemm.gemm_fp8_fp8_bf16_nt` (``k % 16 == 0``,
-    ``n % 8 == 0``, ...) for the GEMM.
+    Quantised temporaries: a float input is quantised into arrays that live
+    only for this call, so under CUDA-graph capture such calls are refused
+    (``ValueError``): quantise with the cast functions and keep their outputs
+    alive, then capture :func:`cugemm8.gemm_fp8_fp8_bf16_nt`.
 
     Raises:
         TypeError: an operand is neither a float CuPy array nor a
             ``(payload, scale)`` pair of CuPy arrays, or has a wrong dtype.
         ValueError: a shape, stride or alignment rule of the quantisers or of
-            the GEMM is broken (the message names the argument).
+            the GEMM is broken (the message names the argument); a float
+            input (or a padded ``out``) under CUDA-graph capture.
         cugemm8.DeviceError: no usable Hopper GPU.
     """
     cupy = _device.import_cupy()
@@ -331,24 +391,50 @@ def gemm_fp8(a, b, out=None, *, pow2_scale: bool = False):
     # quantised (no launch) for a call the GEMM would reject.
     m, k = _operand_shape("a", a, cupy, _gemm)
     n, k_b = _operand_shape("b", b, cupy, _gemm)
-    if k_b != k:
+    a_pair, b_pair = isinstance(a, (tuple, list)), isinstance(b, (tuple, list))
+    if padded_k(k_b) != padded_k(k):
         raise ValueError(f"a is [m, k] = {[m, k]} and b is [n, k] = {[n, k_b]}: k differs")
-    _config.check_n_k(n, k)
+    k = padded_k(k)
+    n_gemm = n if b_pair else -(-n // 8) * 8          # float weights: zero rows up to n % 8 == 0
+    _config.check_n_k(n_gemm, k, allow_empty=True)
     # The scales of already quantised pairs (aliasing with ``out`` is checked
     # by the GEMM, after any quantisation).
     kb = -(-k // _GROUP)
-    if isinstance(a, (tuple, list)):
+    if a_pair:
         _gemm._check_f32("a scale (sfa)", a[1], (m, kb), cupy)
-    if isinstance(b, (tuple, list)):
+    if b_pair:
         _gemm._check_f32("b scale (sfb)", b[1], (-(-n // _GROUP), kb), cupy)
     if out is not None:
-        _gemm._check_out("out", out, (m, n), cupy)
-    lhs = _operand(a, per_token_cast_to_fp8, pow2_scale)
-    rhs = _operand(b, per_block_cast_to_fp8, pow2_scale)
+        if n_gemm == n:
+            _gemm._check_out("out", out, (m, n), cupy)
+        else:                        # written by a copy from an aligned buffer, not by TMA
+            _gemm._check_typed("out", out, "bfloat16", (m, n), cupy)
+            check_on_current_device({"out": out}, cupy)
+    if not (a_pair and b_pair):
+        refuse_temporary_under_capture(
+            "gemm_fp8 quantises its float operands into temporaries",
+            "quantise before capturing with per_token_cast_to_fp8 / per_block_cast_to_fp8, keep "
+            "their outputs alive, and capture gemm_fp8_fp8_bf16_nt on them", cupy)
+    lhs = tuple(a) if a_pair else per_token_cast_to_fp8(a, pow2_scale=pow2_scale)
+    if b_pair:
+        rhs = tuple(b)
+    else:
+        w = b
+        if n_gemm != n:
+            w = cupy.zeros((n_gemm, b.shape[1]), dtype=b.dtype)
+            w[:n] = b
+        rhs = per_block_cast_to_fp8(w, pow2_scale=pow2_scale)
+    import ml_dtypes
     if out is None:
-        import ml_dtypes
-        out = cupy.empty((m, n), dtype=ml_dtypes.bfloat16)
-    _gemm.gemm_fp8_fp8_bf16_nt(lhs, rhs, out)
+        full = cupy.empty((m, n_gemm), dtype=ml_dtypes.bfloat16)
+        _gemm.gemm_fp8_fp8_bf16_nt(lhs, rhs, full)
+        return full[:, :n]
+    if n_gemm == n:
+        _gemm.gemm_fp8_fp8_bf16_nt(lhs, rhs, out)
+        return out
+    full = cupy.empty((m, n_gemm), dtype=ml_dtypes.bfloat16)
+    _gemm.gemm_fp8_fp8_bf16_nt(lhs, rhs, full)
+    out[...] = full[:, :n]
     return out
 
 
@@ -368,8 +454,3 @@ def _operand_shape(name: str, x, cupy, gemm) -> tuple:
     if payload.ndim != 2:
         raise ValueError(f"{name} must be 2-D [rows, k], got shape {payload.shape}")
     return tuple(payload.shape)
-
-
-def _operand(x, cast, pow2_scale):
-    """A validated operand (see :func:`_operand_shape`) as a (payload, scale) pair."""
-    return tuple(x) if isinstance(x, (tuple, list)) else cast(x, pow2_scale=pow2_scale)

@@ -259,8 +259,12 @@ def test_gemm_fp8_checks_the_gemm_rules_before_quantising(monkeypatch):
     a, b = fake((64, 512), BF16), fake((256, 256), BF16)
     with pytest.raises(ValueError, match="k differs"):
         cugemm8.gemm_fp8(a, b)
+    # a quantised b keeps the GEMM's n % 8 rule (float weights are padded instead)
     with pytest.raises(ValueError, match="multiple of 8"):
-        cugemm8.gemm_fp8(a, fake((12, 512), BF16))
+        cugemm8.gemm_fp8(a, (fake((12, 512), np.uint8), fake((1, 4), np.float32)))
+    # a quantised a keeps the k % 16 rule
+    with pytest.raises(ValueError, match="multiple of 16"):
+        cugemm8.gemm_fp8((fake((64, 520), np.uint8, strides=(528, 1)), fake((64, 5), np.float32)), b)
     b = fake((256, 512), BF16)
     with pytest.raises(TypeError, match="bfloat16"):
         cugemm8.gemm_fp8(a, b, out=fake((64, 256), np.float32))
@@ -330,7 +334,7 @@ def test_masked_single_row_groups_use_the_group_stride(recorder):
     big = fake((4, 64, 256), BF16)
     d["out"] = big[:, :1, :]
     call_masked(**d)
-    ld_d = int(recorder.args[4])
+    ld_d = int(recorder.args[5])     # (shape_m, a_box_rows, sfb, layout, d_ptr, ld_d, maps...)
     assert ld_d * 2 == d["out"].strides[0]
     d_map = recorder.maps[-1]
     assert d_map[0] == "bf16" and d_map[3] == (d["out"].strides[0], d["out"].strides[0])
@@ -494,3 +498,135 @@ def test_forced_config_restores_the_heuristic_and_empties_the_cache():
             gemm._fast[("inside",)] = lambda: None
             raise KeyError
     assert gemm._select is heuristic and not gemm._fast
+
+
+# ---------------------------------------------------------------- A box rows (decode)
+
+@pytest.mark.parametrize("m", [1, 7, 63, 64, 65, 4096])
+def test_a_box_covers_only_the_rows_that_exist(recorder, m):
+    """A normal GEMM with fewer rows than one tile loads an A box of m rows
+    (and an SFA box of m rounded up to 4), never zero-filled rows past m; the
+    kernel gets the same count to expect per stage."""
+    from cugemm8 import _config
+    d = normal_args(m=m, n=2112, k=7168)
+    d["sfa"] = mn_major_sfa((m, 56))
+    call_normal(**d)
+    want = min(m, _config.select_config("normal", m, 2112, 7168, num_sms=132).block_m)
+    a_map, sfa_map = recorder.maps[0], recorder.maps[2]
+    assert a_map[0] == "u8" and a_map[4] == (128, want, 1)
+    assert sfa_map[0] == "f32" and sfa_map[4] == (-(-want // 4) * 4, 1, 1)
+    assert int(recorder.args[1]) == want
+
+
+def test_masked_a_box_stays_inside_one_group(recorder):
+    d = masked_args(g=4, m_max=8)
+    d["sfa"] = mn_major_sfa((4, 8, 4))
+    call_masked(**d)
+    a_map = recorder.maps[0]
+    assert a_map[2][1:] == (8, 4) and a_map[4] == (128, 8, 1)     # rows = m_max per group, box <= rows
+
+
+# ---------------------------------------------------------------- CUDA-graph capture
+
+@pytest.fixture
+def under_capture(monkeypatch):
+    from cugemm8 import _checks
+    monkeypatch.setattr(_checks, "capturing", lambda cupy: True)
+
+
+def test_capture_refuses_an_sfa_conversion(recorder, under_capture):
+    d = normal_args(m=64, n=256, k=512)            # sfa row-major: needs a temporary
+    with pytest.raises(ValueError, match="get_col_major_tma_aligned_tensor"):
+        call_normal(**d)
+    assert recorder.launches == 0
+
+
+def test_capture_refuses_an_sfb_copy(recorder, under_capture):
+    d = normal_args(m=64, n=256, k=512)
+    d["sfa"] = mn_major_sfa((64, 4))
+    d["sfb"] = fake((2, 4), np.float32, strides=(4, 8))          # Fortran order
+    with pytest.raises(ValueError, match="ascontiguousarray"):
+        call_normal(**d)
+    assert recorder.launches == 0
+
+
+def test_capture_accepts_the_kernels_own_layouts(recorder, under_capture):
+    d = normal_args(m=64, n=256, k=512)
+    d["sfa"] = mn_major_sfa((64, 4))
+    call_normal(**d)
+    assert recorder.launches == 1
+
+
+def test_capture_refuses_grouped_conversions(recorder, under_capture):
+    d = masked_args(g=4, m_max=200)                 # row-major 3-D sfa
+    with pytest.raises(ValueError, match="capture"):
+        call_masked(**d)
+    d = contiguous_args()
+    with pytest.raises(ValueError, match="capture"):
+        call_contiguous(**d)
+    assert recorder.launches == 0
+
+
+def test_capture_refuses_gemm_fp8_on_float_inputs(under_capture, monkeypatch):
+    from cugemm8 import quant
+    launched = []
+    monkeypatch.setattr(quant, "_launch_per_token", lambda *a, **k: launched.append("a"))
+    monkeypatch.setattr(quant, "_launch_per_block", lambda *a, **k: launched.append("b"))
+    with pytest.raises(ValueError, match="per_token_cast_to_fp8"):
+        cugemm8.gemm_fp8(fake((64, 512), BF16), fake((256, 512), BF16))
+    assert launched == []
+
+
+def test_capture_refuses_quantiser_temporaries(under_capture, monkeypatch):
+    from cugemm8 import quant
+    launched = []
+    monkeypatch.setattr(quant, "_launch_per_token", lambda *a, **k: launched.append("a"))
+    monkeypatch.setattr(quant, "_device", _FakeDevice(quant._device))
+    with pytest.raises(ValueError, match="zero-pad"):            # k % 16 != 0
+        cugemm8.per_token_cast_to_fp8(fake((64, 500), BF16, strides=(1008, 2)))
+    with pytest.raises(ValueError, match="copy"):                # rows not 16-byte aligned
+        cugemm8.per_token_cast_to_fp8(fake((64, 512), BF16, strides=(1026, 2)))
+    assert launched == []
+
+
+class _FakeDevice:
+    """cugemm8._device with the device queries answered without a GPU."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    @staticmethod
+    def require_hopper(device_id=None):
+        return 0
+
+    @staticmethod
+    def device_info(device_id=None):
+        return {"num_sms": 132}
+
+
+# ---------------------------------------------------------------- degenerate sizes
+
+def test_n_zero_is_a_no_op(recorder):
+    d = normal_args(m=64, n=0, k=512)
+    call_normal(**d)
+    assert recorder.launches == 0
+
+
+def test_masked_with_no_groups_or_rows_is_a_no_op(recorder):
+    for g, m_max in ((0, 64), (4, 0)):
+        call_masked(**masked_args(g=g, m_max=m_max))
+    assert recorder.launches == 0
+
+
+def test_k_zero_passes_validation_for_every_op():
+    # (the zero fill itself is a device write: tests/test_gemm_gpu.py)
+    from cugemm8 import _config
+    _config.check_n_k(256, 0, allow_empty=True)
+    _config.check_n_k(0, 512, allow_empty=True)
+    with pytest.raises(ValueError, match="k = 0"):
+        _config.check_n_k(256, 0)
+    with pytest.raises(ValueError, match="k = 8"):
+        _config.check_n_k(256, 8, allow_empty=True)

@@ -93,9 +93,11 @@ def _device_count() -> int:
 
 
 def gpu_unavailable_reason() -> str | None:
-    """None if the current device is a usable Hopper GPU, else a one-line reason."""
+    """None if the current device is a usable Hopper GPU and kernels can be
+    compiled for it (a matching NVRTC), else a one-line reason."""
     try:
         require_hopper()
+        check_nvrtc_matches_cupy()
     except DeviceError as exc:
         return str(exc)
     return None
@@ -136,7 +138,8 @@ def require_hopper(device_id: int | None = None) -> int:
     """Check that ``device_id`` (default: CuPy's current device) is usable.
 
     Returns the device id.  Raises :class:`DeviceError` naming what is
-    missing: CuPy, NVRTC, a CUDA device, or compute capability 9.0.
+    missing: CuPy, a CUDA device, or compute capability 9.0 (NVRTC is
+    checked by the JIT when a kernel must be compiled).
     """
     if device_id is None:
         if _checked_devices:
@@ -157,7 +160,9 @@ def require_hopper(device_id: int | None = None) -> int:
         raise DeviceError(
             f"device {device_id} ({info['name']}) has compute capability "
             f"{info['cc'][0]}.{info['cc'][1:]}; cugemm8 kernels need 9.0 (Hopper, sm_90a)")
-    check_nvrtc_matches_cupy()
+    # NVRTC is checked where it is used (cugemm8._jit, before compiling): a
+    # kernel loaded from the disk cache needs no NVRTC at all, and loading
+    # it for the check cost a warm start tens of milliseconds.
     _checked_devices.add(device_id)
     return device_id
 

@@ -7,27 +7,31 @@ GPU (for CI's resource and SASS checks).
 How kernels are built
 ---------------------
 * Source string: one line carrying the SHA-256 of every file under
-  ``cuda_src/`` (recursively) followed by ``#include "<header>"``.  CuPy's disk
-  cache hashes the source string and the options but not headers reached
-  through ``-I``; putting the tree's hash into the string makes any header
-  edit a cache miss (CuPy v14.2.0 cupy/cuda/compiler.py, _compile_with_cache_cuda: the key covers the source string, options and CuPy's own headers).
-* ``cupy.RawModule(code=..., options=('-arch=sm_90a', ...),
-  name_expressions=[...])``: CuPy appends its own ``-arch=sm_90`` after the
-  user options; NVRTC keeps the ``a`` suffix once any flag carries it
-  (CuPy v14.2.0 cupy/cuda/compiler.py, _compile_using_nvrtc_no_warning; checked by
-  tests/test_kernel_compile.py).  ``cuda_src/common.cuh`` has an ``#error`` guard on
+  ``cuda_src/`` (recursively) followed by ``#include "<header>"``, so any
+  header edit changes the cache key.
+* NVRTC, called through CuPy's binding (``cupy_backends.cuda.libs.nvrtc``),
+  with the options CuPy's ``RawModule(code=...)`` would use
+  (:func:`nvrtc_options`): CuPy's include paths, ours, ``-arch=sm_90a`` and
+  CuPy's own trailing ``-ftz=true -arch=sm_90``; NVRTC keeps the ``a``
+  suffix once any flag carries it (CuPy v14.2.0 cupy/cuda/compiler.py,
+  ``_compile_using_nvrtc``; checked by tests/test_kernel_compile.py).
+  ``cuda_src/common.cuh`` has an ``#error`` guard on
   ``__CUDA_ARCH_FEAT_SM90_ALL`` so a plain sm_90 build fails loudly.
-* Disk cache: CuPy's (``CUPY_CACHE_DIR``, default ``~/.cupy/kernel_cache``).
-  Entries are written atomically and carry a SHA-1 of their payload; a
-  corrupt or truncated entry fails that check, is treated as a miss and is
-  rebuilt (``cupy/cuda/_compiler_cache.py``).  ``CUGEMM8_DISABLE_CACHE=1``
-  compiles in memory instead.
+* Disk cache: cugemm8's own, ``$CUPY_CACHE_DIR/cugemm8`` (see
+  :func:`cache_dir`): one cubin and one JSON record (mangled name, SHA-256)
+  per kernel, written atomically; a hit is loaded with
+  ``cupy.RawModule(path=...)`` without touching NVRTC (CuPy's own cache runs
+  an NVRTC preprocessing pass for every key: most of a 73 ms warm start).
+  A corrupt or truncated entry fails its hash, is treated as a miss and is
+  rebuilt.  ``CUGEMM8_DISABLE_CACHE=1`` compiles every kernel afresh.
 * Process cache: one loaded kernel per ``(device, header, name expression)``.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -121,11 +125,119 @@ def _lock_for(key: tuple) -> threading.Lock:
         return lock
 
 
-def _build(cupy, src: str, opts, name_expr: str):
-    mod = cupy.RawModule(code=src, options=opts, name_expressions=[name_expr])
-    kern = mod.get_function(name_expr)
-    kern.attributes  # force compile/load now, inside the timed region
+def nvrtc_options(root: Path | None = None) -> tuple[str, ...]:
+    """Every NVRTC option of a build, in CuPy's order: CuPy's include paths
+    around ours (``cupy._core.core.assemble_cupy_compiler_options``), then
+    the options CuPy appends itself (``-ftz=true``, its plain ``-arch=sm_90``:
+    NVRTC keeps the ``a`` of ours, CuPy v14.2.0 cupy/cuda/compiler.py
+    ``_compile_with_cache_cuda`` / ``_compile_using_nvrtc``)."""
+    import cupy._core.core as core
+    return core.assemble_cupy_compiler_options(compile_options(root)) + (
+        "-ftz=true", "-arch=sm_90", "--device-as-default-execution-space")
+
+
+# --------------------------------------------------------------------------
+# cugemm8's own cubin cache
+# --------------------------------------------------------------------------
+#
+# A disk hit must not touch NVRTC: CuPy's RawModule cache computes its key
+# with NVRTC's version and a preprocessing pass over an empty source, which
+# cost most of the 73 ms first call of a cached kernel in a new process
+# (issue 17, item 6; benches/RESULTS.md v0.8).  So cugemm8 compiles with
+# NVRTC itself (the options CuPy would use) and keeps one entry per kernel
+# under CuPy's cache directory:
+#   <key>.cubin  the sm_90a cubin, loaded by cupy.RawModule(path=...);
+#   <key>.json   its mangled name and SHA-256, written last (the commit).
+# The key hashes the source string (which carries the SHA-256 of cuda_src/),
+# the options (CuPy's include paths included), the name expression and the
+# CuPy version.  Entries are written to temporary files and renamed into
+# place (atomic on POSIX), so concurrent processes never see half an entry;
+# a truncated or altered cubin fails its hash and is rebuilt.
+
+_CACHE_FORMAT = "cugemm8-cubin-1"
+
+
+def cache_dir() -> Path:
+    """Directory of cugemm8's kernel cache: ``$CUPY_CACHE_DIR/cugemm8``
+    (CuPy's default ``~/.cupy/kernel_cache/cugemm8``)."""
+    base = os.environ.get("CUPY_CACHE_DIR") or os.path.expanduser("~/.cupy/kernel_cache")
+    return Path(base) / "cugemm8"
+
+
+def cache_key(src: str, opts, name_expr: str, cupy_version: str) -> str:
+    h = hashlib.sha256()
+    for part in (_CACHE_FORMAT, src, "\0".join(opts), name_expr, cupy_version):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _read_entry(directory: Path, key: str):
+    """``(cubin path, mangled name)`` of a valid entry, else None."""
+    meta_path, cubin_path = directory / f"{key}.json", directory / f"{key}.cubin"
+    try:
+        meta = json.loads(meta_path.read_text())
+        data = cubin_path.read_bytes()
+    except (OSError, ValueError):
+        return None
+    if meta.get("format") != _CACHE_FORMAT or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
+        return None
+    return cubin_path, meta["mangled"]
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _write_entry(directory: Path, key: str, cubin: bytes, mangled: str, name_expr: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    cubin_path = directory / f"{key}.cubin"
+    _write_atomic(cubin_path, cubin)
+    meta = {"format": _CACHE_FORMAT, "mangled": mangled, "sha256": hashlib.sha256(cubin).hexdigest(),
+            "name_expression": name_expr}
+    _write_atomic(directory / f"{key}.json", json.dumps(meta).encode())
+    return cubin_path
+
+
+def _load(cupy, cubin_path: Path, mangled: str):
+    kern = cupy.RawModule(path=str(cubin_path)).get_function(mangled)
+    kern.attributes  # load now (inside the timed region), and fail here if the driver refuses it
     return kern
+
+
+def _load_or_compile(cupy, src: str, name_expr: str):
+    """The kernel from cugemm8's disk cache, or compiled with NVRTC (and
+    cached unless ``CUGEMM8_DISABLE_CACHE``)."""
+    opts = nvrtc_options()
+    key = cache_key(src, opts, name_expr, cupy.__version__)
+    directory = cache_dir()
+    if not _env.DISABLE_CACHE:
+        hit = _read_entry(directory, key)
+        if hit is not None:
+            try:
+                return _load(cupy, *hit)
+            except cupy.cuda.driver.CUDADriverError:
+                pass   # e.g. a cubin a newer NVRTC wrote for an older driver: rebuild below
+    _device.check_nvrtc_matches_cupy()
+    try:
+        cubin, _, lowered = _nvrtc_compile(src, opts, [name_expr], "cubin")
+    except RuntimeError as exc:
+        raise cupy.cuda.compiler.CompileException(str(exc), src, "cugemm8.cu", opts, "nvrtc") from None
+    mangled = lowered[name_expr]
+    if _env.DISABLE_CACHE:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "kernel.cubin"
+            path.write_bytes(cubin)
+            return _load(cupy, path, mangled)
+    return _load(cupy, _write_entry(directory, key, cubin, mangled, name_expr), mangled)
 
 
 def get_kernel(header: str, name_expr: str, *, max_dynamic_smem: int = 0):
@@ -151,22 +263,9 @@ def get_kernel(header: str, name_expr: str, *, max_dynamic_smem: int = 0):
         import cupy
         t0 = time.perf_counter()
         src = build_source(header)
-        opts = compile_options()
         if _env.DUMP_DIR:
-            _dump(header, name_expr, src, opts)
-        if _env.DISABLE_CACHE:
-            with _env_lock:
-                saved = os.environ.get("CUPY_CACHE_IN_MEMORY")
-                os.environ["CUPY_CACHE_IN_MEMORY"] = "1"
-                try:
-                    kern = _build(cupy, src, opts, name_expr)
-                finally:
-                    if saved is None:
-                        os.environ.pop("CUPY_CACHE_IN_MEMORY", None)
-                    else:
-                        os.environ["CUPY_CACHE_IN_MEMORY"] = saved
-        else:
-            kern = _build(cupy, src, opts, name_expr)
+            _dump(header, name_expr, src, compile_options())
+        kern = _load_or_compile(cupy, src, name_expr)
         if max_dynamic_smem:
             kern.max_dynamic_shared_size_bytes = max_dynamic_smem
         dt = time.perf_counter() - t0
@@ -288,18 +387,14 @@ def compile_only(header: str, name_exprs, *, sass: bool = False,
     disassembled by ``cuobjdump -sass`` (cuobjdump 13 cannot read the ELF-ABI-v7 cubins NVRTC 12.9 writes,
     so the ptxas output is disassembled).
     """
-    import cupy._core.core as core
     names = list(name_exprs)
     src = build_source(header, root)
-    user = compile_options(root)
-    base = core.assemble_cupy_compiler_options(user)
-    tail = ("-ftz=true", "-arch=sm_90", "--device-as-default-execution-space")
+    opts = nvrtc_options(root)
     t0 = time.perf_counter()
-    _, log, lowered = _nvrtc_compile(src, base + tail + ("-Xptxas=-v",), names, "cubin")
+    _, log, lowered = _nvrtc_compile(src, opts + ("-Xptxas=-v",), names, "cubin")
     dt = time.perf_counter() - t0
     ptx, _, _ = _nvrtc_compile(
-        src, base + ("-ftz=true", "-arch=compute_90a", "--device-as-default-execution-space"),
-        names, "ptx")
+        src, tuple(o for o in opts if o != "-arch=sm_90") + ("-arch=compute_90a",), names, "ptx")
     if isinstance(ptx, bytes):
         ptx = ptx.decode()
     # ptxas reports some performance problems (e.g. C7514/C7515, WGMMA

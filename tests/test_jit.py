@@ -1,5 +1,5 @@
 """JIT layer: cache keys cover every source byte; a second process loads from
-CuPy's disk cache without compiling (GPU)."""
+the disk cache without compiling (GPU)."""
 from __future__ import annotations
 
 import os
@@ -55,14 +55,13 @@ def test_second_process_loads_from_disk_cache(tmp_path):
     same kernel without a single NVRTC compile."""
     script = textwrap.dedent("""
         import sys
-        import cupy.cuda.compiler as compiler
+        from cugemm8 import _config, _jit, gemm
         calls = []
-        real = compiler._compile_using_nvrtc_no_warning
-        def counting(*a, **k):   # CuPy's compile step on a disk-cache miss
+        real = _jit._nvrtc_compile
+        def counting(*a, **k):   # the JIT's compile step on a disk-cache miss
             calls.append(1)
             return real(*a, **k)
-        compiler._compile_using_nvrtc_no_warning = counting
-        from cugemm8 import _config, _jit, gemm
+        _jit._nvrtc_compile = counting
         cfg = _config.select_config("normal", 64, 2112, 7168, num_sms=132)
         name = gemm._kernel_name(cfg, 2112, 7168, 0, 1)
         _jit.get_kernel("fp8_gemm_1d2d.cuh", name)
@@ -136,3 +135,28 @@ def test_processes_compiling_one_kernel_at_once(tmp_path):
     assert all(p.returncode == 0 for p in procs), [o[1][-500:] for o in outs]
     again = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
+
+
+def test_cache_key_covers_source_options_name_and_cupy():
+    base = ("src", ("-a", "-b"), "k<1>", "14.2")
+    key = _jit.cache_key(*base)
+    for i, alt in enumerate(("src2", ("-a",), "k<2>", "14.3")):
+        args = list(base)
+        args[i] = alt
+        assert _jit.cache_key(*args) != key
+
+
+def test_cache_entry_round_trip_and_corruption(tmp_path):
+    path = _jit._write_entry(tmp_path, "abc", b"\x7fELF-cubin-bytes", "_Z3foov", "foo")
+    assert _jit._read_entry(tmp_path, "abc") == (path, "_Z3foov")
+    path.write_bytes(b"\x7fELF-cubin-byteZ")              # altered payload: a miss
+    assert _jit._read_entry(tmp_path, "abc") is None
+    assert _jit._read_entry(tmp_path, "missing") is None
+    (tmp_path / "bad.json").write_text("{not json")
+    assert _jit._read_entry(tmp_path, "bad") is None
+    assert not list(tmp_path.glob(".tmp-*")), "temporary files left behind"
+
+
+def test_cache_dir_follows_cupy_cache_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))
+    assert _jit.cache_dir() == tmp_path / "cugemm8"

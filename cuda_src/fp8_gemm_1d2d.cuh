@@ -179,6 +179,8 @@ struct GemmTraits {
   // Threads that hold a finished tile (and exchange it with split K).
   static constexpr uint32_t kNumHolderThreads = kSplitK ? 128 : kNumMathThreads;
   static constexpr uint32_t kNumSFBRows = ceil_div(SHAPE_N, 128u);   // 128-row blocks of B per group
+  // Rows of B scales one tile reads: two when it can straddle a 128-row boundary.
+  static constexpr uint32_t kSFBTileRows = 128u % BLOCK_N == 0 ? 1u : 2u;
   static constexpr uint32_t kNumAccum = BLOCK_N / 2;                   // f32 per thread per 64xBLOCK_N
   // K-loop unroll factor: 4 for the large tiles with at most two B-scale
   // boundary variants (256x128, 128x192: +1-3 % over 2 at M = 4096), 2
@@ -191,7 +193,12 @@ struct GemmTraits {
   static constexpr uint32_t kNumDStores = BLOCK_N / kDCols;
   static constexpr uint32_t kSwizzleMask = kSwizzleDBytes / 16 - 1;     // 7, 3, 1 (128/64/32 B)
   using Smem = SmemLayout<SHAPE_K, BLOCK_M, BLOCK_N, kNumStages, kNumKSplits>;
-  static constexpr uint32_t kTxBytes = Smem::kA + Smem::kB + BLOCK_M * 4;
+  // Bytes one stage's loads deliver: A's box of `a_box_rows` rows (a kernel
+  // argument: BLOCK_M, or M when a normal GEMM has fewer rows than one tile),
+  // its scales (the box rounded up to 16 bytes) and B's full tile.
+  __device__ __forceinline__ static uint32_t tx_bytes(uint32_t a_box_rows) {
+    return a_box_rows * 128u + align_up(a_box_rows, 4u) * 4u + Smem::kB;
+  }
 
   static_assert(BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 256, "BLOCK_M must be 64, 128 or 256");
   static_assert(BLOCK_N % 8 == 0 && BLOCK_N >= 8 && BLOCK_N <= 256, "WGMMA N is a multiple of 8 in [8, 256]");
@@ -231,6 +238,13 @@ struct GemmTraits {
 
 // Arguments:
 //   shape_m        rows of A / D (normal), m_sum (contiguous) or m_max (masked)
+//   a_box_rows     rows of the A box of tmap_a (and, rounded up to 4, of tmap_sfa's):
+//                  BLOCK_M, or shape_m when a normal GEMM has fewer rows than
+//                  one tile.  The rows of a stage past the box are never
+//                  loaded: their stale contents only reach accumulator rows
+//                  >= shape_m, which are never stored.  A box of M rows moves
+//                  no zero-filled rows through TMA: at M = 1 the 64-row box
+//                  cost up to 1.8x the M = 64 time (benches/RESULTS.md v0.8).
 //   sfb            B scales, row-major [num_groups, ceil(N/128), ceil(K/128)] f32
 //   grouped_layout nullptr (normal), m_indices [m_sum] (contiguous) or masked_m [G] (masked), int32
 //   d_ptr, ld_d    D base and row stride in elements (masked partial-tile stores)
@@ -244,7 +258,7 @@ template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N
 __global__ void __launch_bounds__(
     GemmTraits<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, kNumStages, kNumMulticast, kMulticastOnA, kSwizzleDBytes,
                kGemmType, kNumGroups, kNumKSplits>::kNumThreads, 1) __cluster_dims__(kNumMulticast * kNumKSplits, 1, 1)
-fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int32_t* __restrict__ grouped_layout,
+fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, const float* __restrict__ sfb, const int32_t* __restrict__ grouped_layout,
                      uint16_t* __restrict__ d_ptr, uint32_t ld_d,
                      const __grid_constant__ TmaDescriptor tmap_a, const __grid_constant__ TmaDescriptor tmap_b,
                      const __grid_constant__ TmaDescriptor tmap_sfa, const __grid_constant__ TmaDescriptor tmap_d) {
@@ -274,7 +288,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
   const uint32_t producer_leader = T::kNumMathThreads;
 
   // Initialise the barriers: a full barrier completes on the producer's one
-  // arrival plus kTxBytes of TMA data; an empty barrier on one arrival per math
+  // arrival plus tx_bytes(a_box_rows) of TMA data; an empty barrier on one arrival per math
   // warp of every CTA of the cluster (a multicast refill overwrites the stage
   // in both CTAs, so both must have released it).
   if (threadIdx.x == producer_leader) {
@@ -321,7 +335,9 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
     absent = false;
     stores = 0x3u;
     if constexpr (kGemmType == kGroupedContiguous) {
-      const uint32_t row0 = t.m_block * BLOCK_M;
+      // The expert of a 128-row block is its first row's, for every BLOCK_M
+      // (a 64-row tile in a block's second half reads row 128 b, not 64 + 128 b).
+      const uint32_t row0 = t.m_block * BLOCK_M / 128u * 128u;
       b_group = row0 < shape_m ? __ldg(grouped_layout + row0) : -1;
       if constexpr (Scheduler::kMPasses == 2) {
         const uint32_t row1 = row0 + 128;
@@ -350,6 +366,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
     if constexpr (kNumMathWG == 2) setmaxnreg_dec<40>();
     if (threadIdx.x == producer_leader) {
       uint32_t stage = 0, phase = 0;
+      const uint32_t tx_bytes = T::tx_bytes(a_box_rows);
       while (scheduler.next(tile)) {
         int32_t b_group;
         bool skip, absent;
@@ -364,7 +381,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
           // Wait until every consumer (of every CTA in the cluster) released the stage.
           mbarrier_wait(empty_bar + stage, phase ^ 1);
           uint64_t* bar = full_bar + stage;
-          mbarrier_arrive_expect_tx(bar, T::kTxBytes);
+          mbarrier_arrive_expect_tx(bar, tx_bytes);
           const int32_t k = static_cast<int32_t>(kb * 128);
           if constexpr (kNumMulticast == 2 && kMulticastOnA) {
             if (rank == 0) {
@@ -443,14 +460,36 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
         // racecheck reported a hazard on that version in the split-K path;
         // loading the scales from global memory inside the K loop instead
         // cost 7-10 % at M = 4096: benches/RESULTS.md v0.3.)
+        //
+        // All of a batch's loads are issued before any store (a constant
+        // trip count, the index clamped instead of tested): the strided loop
+        // this replaces compiled to dependent load -> store round trips, 4 of
+        // them at K = 7168, on the critical path of every tile's first WGMMA
+        // (../shared/notes/perf-gap.md, small-M item 1; benches/RESULTS.md
+        // v0.8).  Tiles that never straddle a 128-row boundary (BLOCK_N
+        // divides 128) stage one row only.
         const uint32_t n0 = tile.n_block * BLOCK_N;
         const uint32_t sfb_row0 = n0 / 128;
+        const float* sfb_tile = sfb + (static_cast<uint64_t>(b_group) * T::kNumSFBRows + sfb_row0) * kNumKBlocks;
+        constexpr uint32_t kCount = T::kSFBTileRows * kNumKBlocks;
+        constexpr uint32_t kIters = ceil_div(kCount, 32u);
+        constexpr uint32_t kBatch = constexpr_min(kIters, 8u);
+        // The second candidate row exists unless this is the last 128-row block.
+        const uint32_t valid = sfb_row0 + 1 < T::kNumSFBRows ? kCount : kNumKBlocks;
         __syncwarp();
-        for (uint32_t i = lane; i < 2 * kNumKBlocks; i += 32) {
-          const uint32_t row = sfb_row0 + i / kNumKBlocks, kb = i % kNumKBlocks;
-          warp_sfb[i] = row < T::kNumSFBRows
-                            ? __ldg(sfb + (static_cast<uint64_t>(b_group) * T::kNumSFBRows + row) * kNumKBlocks + kb)
-                            : 0.f;
+        #pragma unroll 1
+        for (uint32_t it0 = 0; it0 < kIters; it0 += kBatch) {
+          float v[kBatch];
+          #pragma unroll
+          for (uint32_t j = 0; j < kBatch; ++j) {
+            const uint32_t i = constexpr_min((it0 + j) * 32u + lane, valid - 1u);
+            v[j] = __ldg(sfb_tile + i);
+          }
+          #pragma unroll
+          for (uint32_t j = 0; j < kBatch; ++j) {
+            const uint32_t i = (it0 + j) * 32u + lane;
+            if (i < kCount) warp_sfb[i] = i < valid ? v[j] : 0.f;
+          }
         }
         __syncwarp();
         // 8-column chunks before the next 128-row boundary of B use the first
@@ -518,7 +557,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, const float* __restrict__ sfb, const int3
                 if (++stage == kNumStages) stage = 0, phase ^= 1;
                 continue;
               }
-              const float sb0 = warp_sfb[kb], sb1 = warp_sfb[kNumKBlocks + kb];
+              const float sb0 = warp_sfb[kb], sb1 = T::kSFBTileRows == 2 ? warp_sfb[kNumKBlocks + kb] : sb0;
               mbarrier_wait(full_bar + stage, phase);
               // Read this stage's A scales before the stage can be released.
               float sa[kWaves][2];

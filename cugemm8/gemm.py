@@ -18,19 +18,28 @@ Common operand rules (all ops)
   stride is 1 byte, every other stride a positive multiple of 16 bytes below
   2^40 (no broadcast or reversed views), the base address 16-byte aligned
   (TMA rules, CUDA driver ``cuTensorMapEncodeTiled``).
-* ``k`` is a positive multiple of 16, at most 382,464
+* ``k`` is a multiple of 16, at most 382,464
   (:func:`cugemm8._config.max_k`: each math warp keeps the tile's B scales
   for the whole K in shared memory); a K tail that is not a multiple of 128
-  is zero-filled by TMA inside the last K block.  ``n`` is a positive multiple
-  of 8.  ``m`` may be anything ``>= 0`` (``m == 0`` launches nothing).
+  is zero-filled by TMA inside the last K block.  ``n`` is a multiple of 8.
+  ``m`` may be anything ``>= 0``.
+* Degenerate sizes (DeepGEMM's conventions): ``m == 0``, ``n == 0`` (and,
+  masked, ``g == 0`` or ``m_max == 0``) launch nothing; ``k == 0`` writes
+  the empty sum, zeros, into the valid region of ``out`` (the contiguous
+  layout's violating rows NaN, as with any ``k``) with one small elementwise
+  kernel and no GEMM.  The low-level ops keep the ``k % 16`` rule; the
+  quantisers and :func:`cugemm8.gemm_fp8` accept any ``k``.
 * ``sfa`` is float32 ``[..., m, ceil(k/128)]``.  Its MN-major TMA-aligned
   layout (see :mod:`cugemm8.layout`) is used as is; any other strides are
   converted on the GPU inside the call (one extra copy kernel and a temporary
   allocation) - call :func:`cugemm8.get_col_major_tma_aligned_tensor` once to
-  avoid paying that per call.
+  avoid paying that per call.  Under CUDA-graph capture such a conversion is
+  refused with ``ValueError``: the graph would keep the address of a
+  temporary freed when the call returns (a use after free on replay).
 * ``sfb`` is float32 ``[..., ceil(n/128), ceil(k/128)]``; a non-contiguous
   ``sfb`` is copied to a contiguous one (values by logical index, never
-  reinterpreted).
+  reinterpreted), which is refused under CUDA-graph capture like the ``sfa``
+  conversion.
 * ``out`` is a CuPy bfloat16 array with a contiguous last dimension and
   16-byte aligned rows (row stride below 2^33 bytes); its elements must not
   overlap each other or any input.  Only ``out``'s valid region is written.
@@ -53,7 +62,7 @@ import sys
 import numpy as np
 
 from . import _config, _device, _env, _jit, _tma
-from ._checks import check_device_array, check_on_current_device
+from ._checks import check_device_array, check_on_current_device, refuse_temporary_under_capture
 from .layout import get_col_major_tma_aligned_tensor, is_tma_aligned_mn_major
 
 _HEADER = "fp8_gemm_1d2d.cuh"
@@ -195,12 +204,25 @@ def _check_placement(out, inputs: dict, cupy) -> None:
     _check_no_alias(out, inputs)
 
 
-def _prepare_sfa(sfa):
-    return sfa if is_tma_aligned_mn_major(sfa) else get_col_major_tma_aligned_tensor(sfa)
+def _prepare_sfa(sfa, cupy):
+    if is_tma_aligned_mn_major(sfa):
+        return sfa
+    refuse_temporary_under_capture(
+        "sfa is not in the MN-major TMA-aligned layout the kernel reads, so this call would convert "
+        "it into a temporary",
+        "convert it once before capturing with sfa = cugemm8.get_col_major_tma_aligned_tensor(sfa) "
+        "(the GPU quantisers already return that layout) and capture the call on the result", cupy)
+    return get_col_major_tma_aligned_tensor(sfa)
 
 
 def _prepare_sfb(sfb, cupy):
-    return sfb if sfb.flags.c_contiguous and sfb.data.ptr % 4 == 0 else cupy.ascontiguousarray(sfb)
+    if sfb.flags.c_contiguous and sfb.data.ptr % 4 == 0:
+        return sfb
+    refuse_temporary_under_capture(
+        "sfb is not C-contiguous, so this call would copy it into a temporary",
+        "make it contiguous once before capturing (sfb = cupy.ascontiguousarray(sfb)) and capture "
+        "the call on the result", cupy)
+    return cupy.ascontiguousarray(sfb)
 
 
 # ----------------------------------------------------------------------------
@@ -252,8 +274,9 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
 
     a_row = _map_stride(a, -2, k)
     a_grp = _map_stride(a, 0, a_row * rows) if a.ndim == 3 else _map_stride(None, 0, a_row * rows)
+    box_m = a_box_rows(rows, cfg.block_m)
     tmap_a = _tma.make_descriptor("u8", a.data.ptr, (k, rows, groups_a), (a_row, a_grp),
-                                  (128, cfg.block_m, 1), swizzle=128)
+                                  (128, box_m, 1), swizzle=128)
     b_row = _map_stride(b, -2, k)
     b_grp = _map_stride(b, 0, b_row * n) if b.ndim == 3 else _map_stride(None, 0, b_row * n)
     tmap_b = _tma.make_descriptor("u8", b.data.ptr, (k, n, num_groups if b.ndim == 3 else 1),
@@ -261,7 +284,7 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
     m_pad = sfa.strides[-1] // 4 if kb > 1 else -(-rows // 4) * 4
     s_grp = _map_stride(sfa, 0, m_pad * kb * 4) if sfa.ndim == 3 else _map_stride(None, 0, m_pad * kb * 4)
     tmap_sfa = _tma.make_descriptor("f32", sfa.data.ptr, (rows, kb, groups_a),
-                                    (m_pad * 4, s_grp), (cfg.block_m, 1, 1),
+                                    (m_pad * 4, s_grp), (-(-box_m // 4) * 4, 1, 1),
                                     swizzle=0, l2_256=False)
     if out.ndim == 3 and out.shape[-2] == 1 and out.shape[0] > 1:
         # One row per group: the kernel's row stride is the group stride.
@@ -276,7 +299,7 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
     threads = 128 * (cfg.num_math_warpgroups + 1)
     # Raw device addresses, not the arrays: a cached launcher (see _fast_key)
     # must not keep the caller's memory alive.
-    args = (np.uint32(shape_m), np.uint64(sfb.data.ptr),
+    args = (np.uint32(shape_m), np.uint32(box_m), np.uint64(sfb.data.ptr),
             np.uint64(layout.data.ptr) if layout is not None else _NULL, np.uint64(out.data.ptr),
             np.uint32(d_row // 2), tmap_a, tmap_b, tmap_sfa, tmap_d)
     grid, block, smem = (cfg.num_sms,), (threads,), cfg.smem_bytes
@@ -284,6 +307,19 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
     def launch():
         kern(grid, block, args, shared_mem=smem)
     return launch
+
+
+def a_box_rows(rows: int, block_m: int) -> int:
+    """Rows of the TMA box that loads A (and, rounded up to 4, SFA) per stage.
+
+    ``block_m``, or ``rows`` (the per-group row extent of A's tensor map: m,
+    m_sum or m_max) when that is smaller, so that decode-sized calls
+    (M = 1 ... 63) move M rows of A per stage instead of a 64-row box of
+    which all but M rows are zero-filled out of bounds (measured: up to 1.8x
+    the M = 64 time at M = 1, benches/RESULTS.md v0.8).  The kernel never
+    stores the tile rows past the box (they are past ``rows``).
+    """
+    return max(1, min(rows, block_m))
 
 
 def _launch(*args):
@@ -355,7 +391,7 @@ def _launch_and_remember(key, cupy, cfg, kind, n, k, num_groups, shape_m, rows, 
     """Bring the scales into the kernel's layout, launch, and cache the
     launcher under ``key`` unless a scale had to be converted (the launcher
     would point at a temporary)."""
-    sfa_k, sfb_k = _prepare_sfa(sfa), _prepare_sfb(sfb, cupy)
+    sfa_k, sfb_k = _prepare_sfa(sfa, cupy), _prepare_sfb(sfb, cupy)
     launcher = _launch(cfg, kind, n, k, num_groups, shape_m, rows, a, sfa_k, b, sfb_k, out, layout, groups_a)
     _remember(key, launcher, sfa_k is not sfa or sfb_k is not sfb)
 
@@ -382,6 +418,47 @@ def clear_launch_cache() -> None:
     """Forget the cached launchers of repeated calls (they are rebuilt on the
     next call).  Never needed for correctness; for tests and memory hygiene."""
     _fast.clear()
+
+
+# ----------------------------------------------------------------------------
+# k == 0: the grouped layouts' rules without a GEMM
+# ----------------------------------------------------------------------------
+#
+# With k == 0 every product is an empty sum.  The ops then write what the
+# kernel would: zeros into the valid region, and (contiguous) NaN into rows
+# that break the layout contract, with one small elementwise kernel over the
+# output's logical elements (CuPy's CArray indexing follows out's strides);
+# nothing outside the valid region is written.
+
+_k0_kernels: dict = {}
+
+
+def _empty_k_contiguous(cupy):
+    kern = _k0_kernels.get("contiguous")
+    if kern is None:
+        kern = _k0_kernels["contiguous"] = cupy.ElementwiseKernel(
+            "raw int32 m_indices, int32 g, int32 n", "raw uint16 out",
+            """
+            const long long r = i / n;
+            const int e = m_indices[r], first = m_indices[r / 128 * 128];
+            const bool ok = e == -1 || (e == first && first >= 0 && first < g);
+            out[i] = ok ? 0 : 0x7fc0;   // bf16 +0.0, or a quiet NaN for a layout violation
+            """, "cugemm8_contiguous_empty_k")
+    return kern
+
+
+def _empty_k_masked(cupy):
+    kern = _k0_kernels.get("masked")
+    if kern is None:
+        kern = _k0_kernels["masked"] = cupy.ElementwiseKernel(
+            "raw int32 masked_m, int32 m_max, int32 n", "raw uint16 out",
+            """
+            const long long row = i / n, grp = row / m_max, r = row % m_max;
+            int v = masked_m[grp];
+            v = v < 0 ? 0 : (v > m_max ? m_max : v);
+            if (r < v) out[i] = 0;      // rows >= masked_m stay untouched
+            """, "cugemm8_masked_empty_k")
+    return kern
 
 
 # ----------------------------------------------------------------------------
@@ -417,7 +494,7 @@ def gemm_fp8_fp8_bf16_nt(lhs, rhs, out) -> None:
     n, kb_ = b.shape
     if kb_ != k:
         raise ValueError(f"a is [m, k] = {list(a.shape)} and b is [n, k] = {list(b.shape)}: k differs")
-    _config.check_n_k(n, k)          # before any device lookup: a ValueError on any machine
+    _config.check_n_k(n, k, allow_empty=True)    # before any device lookup: a ValueError on any machine
     kb, nb = -(-k // 128), -(-n // 128)
     _check_f32("lhs[1] (sfa)", sfa, (m, kb), cupy)
     _check_f32("rhs[1] (sfb)", sfb, (nb, kb), cupy)
@@ -425,7 +502,10 @@ def gemm_fp8_fp8_bf16_nt(lhs, rhs, out) -> None:
     if m > _INT32_MAX:
         raise ValueError(f"m = {m} exceeds 2^31 - 1 rows (TMA coordinates are int32)")
     _check_placement(out, {"a": a, "sfa": sfa, "b": b, "sfb": sfb}, cupy)
-    if m == 0:
+    if m == 0 or n == 0:
+        return
+    if k == 0:
+        out[...] = 0          # an empty sum (DeepGEMM's convention); no GEMM launch
         return
     cfg = _select("normal", m, n, k, 1)
     _launch_and_remember(key, cupy, cfg, "normal", n, k, 1, m, m, a, sfa, b, sfb, out, None, 1)
@@ -450,13 +530,17 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs, rhs, out, m_indices) -> None:
     followed by ``-1`` padding rows; an all-``-1`` block is padding.
     :func:`cugemm8.layout.make_contiguous_layout` builds such a layout.
 
-    Results: padding rows (``-1``) are written as **zeros**; a padding block
-    costs no tensor-core work unless a 256-row tile pairs it with an
-    expert's block (the tile's WGMMAs then cover it and its rows are
-    discarded).  Rows that break the contract (an expert
-    id different from the block's first row, or outside ``[-1, g)``) are
-    written as **NaN** so the violation is visible; they never cause an
-    out-of-bounds access.  ``m_indices`` is read on the device only: no host
+    Results, one rule per row ``r`` for every tile size the heuristic or a
+    forced config may use (BLOCK_M 64, 128 and 256 alike): let ``e0`` be the
+    expert of the first row of ``r``'s aligned 128-row block.  A ``-1`` row is
+    written as **zeros**; a row whose expert equals ``e0``, with ``e0`` in
+    ``[0, g)``, is computed with expert ``e0``; every other row breaks the
+    contract (an expert id different from ``e0``, ``e0`` itself ``-1`` or
+    outside ``[0, g)``, or an id outside ``[-1, g)``) and is written as
+    **NaN**, so the violation is visible; it never causes an out-of-bounds
+    access.  A padding block costs no tensor-core work unless a 256-row tile
+    pairs it with an expert's block (the tile's WGMMAs then cover it and its
+    rows are discarded).  ``m_indices`` is read on the device only: no host
     synchronisation.
 
     Raises: as :func:`gemm_fp8_fp8_bf16_nt`.
@@ -472,7 +556,7 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs, rhs, out, m_indices) -> None:
         raise ValueError(f"a is [m_sum, k] = {list(a.shape)} and b is [g, n, k] = {list(b.shape)}: k differs")
     if g < 1:
         raise ValueError("b must hold at least one expert (g >= 1)")
-    _config.check_n_k(n, k)          # before any device lookup: a ValueError on any machine
+    _config.check_n_k(n, k, allow_empty=True)    # before any device lookup: a ValueError on any machine
     kb, nb = -(-k // 128), -(-n // 128)
     _check_f32("lhs[1] (sfa)", sfa, (m, kb), cupy)
     _check_f32("rhs[1] (sfb)", sfb, (g, nb, kb), cupy)
@@ -481,7 +565,10 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs, rhs, out, m_indices) -> None:
     if m > _INT32_MAX:
         raise ValueError(f"m_sum = {m} exceeds 2^31 - 1 rows (TMA coordinates are int32)")
     _check_placement(out, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "m_indices": m_indices}, cupy)
-    if m == 0:
+    if m == 0 or n == 0:
+        return
+    if k == 0:
+        _empty_k_contiguous(cupy)(m_indices, np.int32(g), np.int32(n), out.view(np.uint16), size=m * n)
         return
     cfg = _select("contiguous", m, n, k, g)
     _launch_and_remember(key, cupy, cfg, "contiguous", n, k, g, m, m, a, sfa, b, sfb, out, m_indices, 1)
@@ -525,7 +612,7 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs, rhs, out, masked_m, expected_m: i
         raise ValueError(f"a has {g} groups but b has {gb}")
     if kb_ != k:
         raise ValueError(f"a is [g, m_max, k] = {list(a.shape)} and b is [g, n, k] = {list(b.shape)}: k differs")
-    _config.check_n_k(n, k)          # before any device lookup: a ValueError on any machine
+    _config.check_n_k(n, k, allow_empty=True)    # before any device lookup: a ValueError on any machine
     kb, nb = -(-k // 128), -(-n // 128)
     _check_f32("lhs[1] (sfa)", sfa, (g, m_max, kb), cupy)
     _check_f32("rhs[1] (sfb)", sfb, (g, nb, kb), cupy)
@@ -547,7 +634,11 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs, rhs, out, masked_m, expected_m: i
     if g * m_max > _INT32_MAX:
         raise ValueError(f"g * m_max = {g * m_max} exceeds 2^31 - 1 rows")
     _check_placement(out, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "masked_m": masked_m}, cupy)
-    if g == 0 or m_max == 0:
+    if g == 0 or m_max == 0 or n == 0:
+        return
+    if k == 0:
+        _empty_k_masked(cupy)(masked_m, np.int32(m_max), np.int32(n), out.view(np.uint16),
+                              size=g * m_max * n)
         return
     cfg = _select("masked", min(int(expected_m), m_max), n, k, g)
     _launch_and_remember(key, cupy, cfg, "masked", n, k, g, m_max, m_max, a, sfa, b, sfb, out, masked_m, g)

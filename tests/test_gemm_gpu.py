@@ -50,6 +50,63 @@ def test_deepseek_table(cp, m, n, k):
     run_checked(cp, a, sfa, b, sfb, what=f"m={m} n={n} k={k}", sfa_for_call=sfa_tma)
 
 
+DECODE_MS = [1, 2, 4, 8, 16, 32, 64, 128]
+
+
+@pytest.mark.parametrize("m", DECODE_MS)
+@pytest.mark.parametrize("n,k", NK_TABLE[:6])
+def test_decode_table(cp, m, n, k):
+    """Every decode batch size of the benchmark (issue 18) on the six
+    DeepSeek-V3 weight shapes, with the configs the heuristic picks there
+    (A boxes of M rows below one tile)."""
+    rng = np.random.default_rng(m * 104729 + n * 7 + k)
+    a, sfa, b, sfb = H.make_operands(cp, rng, m, n, k)
+    run_checked(cp, a, sfa, b, sfb, what=f"m={m} n={n} k={k}",
+                sfa_for_call=cugemm8.get_col_major_tma_aligned_tensor(sfa))
+
+
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 17, 32, 63])
+@pytest.mark.parametrize("n", [8, 24, 520])
+@pytest.mark.parametrize("k", [1040, 7168])
+def test_decode_awkward_n(cp, m, n, k):
+    rng = np.random.default_rng(m * 31 + n + k)
+    a, sfa, b, sfb = H.make_operands(cp, rng, m, n, k)
+    run_checked(cp, a, sfa, b, sfb, what=f"m={m} n={n} k={k}")
+
+
+# Small-M boxes under every tile family: (BLOCK_M, BLOCK_N, stages, multicast,
+# multicast on A, K splits), each at M below, at and just past one tile.
+SMALL_M_FORCED = [(64, 32, 8, 1, False, 1), (64, 32, 8, 1, False, 2), (128, 64, 6, 1, False, 2),
+                  (128, 128, 5, 2, True, 1), (128, 192, 4, 2, False, 1), (256, 128, 3, 1, False, 1),
+                  (64, 16, 8, 2, True, 1)]
+
+
+@pytest.mark.parametrize("tile", SMALL_M_FORCED, ids=lambda t: "-".join(map(str, t)))
+@pytest.mark.parametrize("m", [1, 3, 37, 100, 200, 257])
+def test_small_m_boxes_forced(cp, tile, m):
+    bm, bn, stages, mc, on_a, splits = tile
+    n, k = 1000, 2048
+    cfg = _config.make_config("normal", bm, bn, stages, k, num_multicast=mc, multicast_on_a=on_a,
+                              num_k_splits=splits, num_sms=132)
+    ok, why = _config.is_legal(cfg, k=k)
+    assert ok, why
+    rng = np.random.default_rng(m + bm + bn)
+    a, sfa, b, sfb = H.make_operands(cp, rng, m, n, k)
+    out, full = H.poisoned_out(cp, m, n)
+    # Stale, NaN-filled shared memory must never reach a stored row: run a
+    # NaN-heavy GEMM first on the same config, then the real one.
+    junk_a = cp.full((bm, k), 0x7F, dtype=cp.uint8)
+    junk_out = cp.empty((bm, n), dtype=cp.dtype("bfloat16"))
+    sfa_tma = cugemm8.get_col_major_tma_aligned_tensor(sfa)
+    _gemm._launch(cfg, "normal", n, k, 1, bm, bm, junk_a,
+                  cugemm8.get_col_major_tma_aligned_tensor(cp.ones((bm, k // 128), cp.float32)), b, sfb,
+                  junk_out, None, 1)
+    _gemm._launch(cfg, "normal", n, k, 1, m, m, a, sfa_tma, b, sfb, out, None, 1)
+    ref, bound = H.reference_and_bound(cp, a, sfa, b, sfb)
+    H.check_against(cp, out, ref, bound, what=f"{cfg} m={m}")
+    assert H.guards_intact(cp, full, m, n)
+
+
 @pytest.mark.parametrize("m,n,k", [(64, 2112, 7168), (128, 4096, 7168), (256, 7168, 2048), (1, 576, 7168)])
 def test_against_unquantised_product(cp, m, n, k):
     """DeepGEMM's end-to-end criterion: calc_diff < 1e-3 against the float64

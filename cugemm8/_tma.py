@@ -32,8 +32,21 @@ _lock = threading.Lock()
 ELEMENT_BYTES = {"u8": 1, "bf16": 2, "f32": 4}
 
 
+# The driver bindings are imported with the package when cuda-bindings is
+# installed: its import (about 30 ms on the H200 machine: one large extension
+# module) was most of the first GEMM call of a new process once kernels load
+# from the disk cache (benches/bench_jit.py; benches/RESULTS.md v0.8).  A
+# machine without cuda-bindings still imports cugemm8 (CPU-only use).
+try:
+    from cuda.bindings import driver as _driver_module
+except Exception:                      # not installed, or unloadable: reported on first use
+    _driver_module = None
+
+
 def _driver():
-    from cuda.bindings import driver
+    if _driver_module is not None:
+        return _driver_module
+    from cuda.bindings import driver   # raises the real ImportError
     return driver
 
 

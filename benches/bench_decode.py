@@ -50,21 +50,6 @@ def _timer(fn, reps, flush):
     return t
 
 
-def _packed(cfg, shape: Shape):
-    """``cfg`` with packed A stages (as deep as they fit), when the shape allows them."""
-    from cugemm8 import _config
-    ra = _config.a_stage_rows_for("normal", shape.m, cfg.block_m)
-    if ra == cfg.block_m:
-        return None
-    stages = _config.max_stages(cfg.block_m, cfg.block_n, shape.k, num_k_splits=cfg.num_k_splits,
-                                a_stage_rows=ra)
-    if not stages:
-        return None
-    out = _config.make_config("normal", cfg.block_m, cfg.block_n, stages, shape.k,
-                              num_k_splits=cfg.num_k_splits, num_sms=cfg.num_sms, a_stage_rows=ra)
-    return out if _config.is_legal(out, k=shape.k)[0] else None
-
-
 def sweep_candidates(shape: Shape, num_sms: int) -> list:
     """Forced configs for one decode shape (see the module docstring)."""
     import sweep_configs
@@ -77,9 +62,6 @@ def sweep_candidates(shape: Shape, num_sms: int) -> list:
                 cfg = sweep_configs.forced_config(shape, bm, bn, 16, num_sms, splits=splits)
                 if cfg is not None:
                     found.append(cfg)
-                    packed = _packed(cfg, shape)
-                    if packed is not None:
-                        found.append(packed)
     found += sweep_configs.candidates(shape, 6, num_sms)
     seen, out = set(), []
     for c in found:

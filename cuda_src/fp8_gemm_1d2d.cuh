@@ -111,16 +111,13 @@ __device__ __forceinline__ void dispatch_num_former(uint32_t n0, F&& f) {
 // Shared-memory budget of one configuration; cugemm8/_config.py:smem_size
 // must implement the same formula: the launch asks for _config's number of
 // bytes, so a drift would under-allocate (tests/test_config.py pins the formula).
-template <uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages, uint32_t kNumKSplits,
-          uint32_t kAStageRows>
+template <uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages, uint32_t kNumKSplits>
 struct SmemLayout {
   static constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, 128u);
   static constexpr uint32_t kD = align_up(BLOCK_M * BLOCK_N * 2u, 1024u);   // (BLOCK_M, BLOCK_N) bf16
-  // A stage holds kAStageRows rows of A: BLOCK_M, or fewer for decode
-  // ("packed" stages, BLOCK_M = 64 only; see GemmTraits).
-  static constexpr uint32_t kA = kAStageRows * 128u;                        // (kAStageRows, BLOCK_K) e4m3
+  static constexpr uint32_t kA = BLOCK_M * 128u;                            // (BLOCK_M, BLOCK_K) e4m3
   static constexpr uint32_t kB = BLOCK_N * 128u;                            // (BLOCK_N, BLOCK_K) e4m3
-  static constexpr uint32_t kSFA = align_up(kAStageRows * 4u, 128u);        // (kAStageRows,) f32
+  static constexpr uint32_t kSFA = align_up(BLOCK_M * 4u, 128u);            // (BLOCK_M,) f32
   // B scales: each of the 8 math warps keeps its own copy of the tile's two
   // candidate rows, so only __syncwarp orders their writes and reads.
   static constexpr uint32_t kSFB = align_up(8u * 2u * kNumKBlocks * 4u, 16u);  // (8 warps, 2, num_k_blocks) f32
@@ -140,13 +137,13 @@ struct SmemLayout {
   static constexpr uint32_t kOffSFA = kOffB + kNumStages * kB;
   static constexpr uint32_t kOffSFB = kOffSFA + kNumStages * kSFA;
   static constexpr uint32_t kOffBar = kOffSFB + kSFB;
-  static constexpr uint32_t kBar = align_up(2u * kNumStages * 8u, 256u);   // full + empty barriers
-  static constexpr uint32_t kTotal = kOffBar + kBar;
+  static constexpr uint32_t kTotal = kOffBar + 256u;
+  static_assert(2u * kNumStages * 8u <= 256u, "barrier reserve holds at most 16 stages");
 };
 
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages,
           uint32_t kNumMulticast, bool kMulticastOnA, uint32_t kSwizzleDBytes, uint32_t kGemmType,
-          uint32_t kNumGroups, uint32_t kNumKSplits, uint32_t kAStageRows>
+          uint32_t kNumGroups, uint32_t kNumKSplits>
 struct GemmTraits {
   static constexpr uint32_t BLOCK_K = 128;
   // Two math warpgroups always.  BLOCK_M == 64 has one 64-row sub-tile, so
@@ -195,17 +192,7 @@ struct GemmTraits {
   static constexpr uint32_t kDRowBytes = kDCols * 2;
   static constexpr uint32_t kNumDStores = BLOCK_N / kDCols;
   static constexpr uint32_t kSwizzleMask = kSwizzleDBytes / 16 - 1;     // 7, 3, 1 (128/64/32 B)
-  using Smem = SmemLayout<SHAPE_K, BLOCK_M, BLOCK_N, kNumStages, kNumKSplits, kAStageRows>;
-  // Packed stages (kAStageRows < BLOCK_M = 64, decode): a stage holds only
-  // the rows of A that exist (the host launches such a kernel only when
-  // every group has at most kAStageRows rows, cugemm8/_config.py
-  // a_stage_rows_for), so up to 32 stages of B fit and more weight bytes are
-  // in flight per SM.  Each WGMMA still reads 64 rows of A from the stage's
-  // start: rows past kAStageRows are the next stages' A (or the first B
-  // tiles), read while TMA may write them, and they only reach accumulator
-  // rows >= M, which no store ever writes.  The A scales of those rows are
-  // likewise the next stages'.
-  static constexpr bool kPackedA = kAStageRows < BLOCK_M;
+  using Smem = SmemLayout<SHAPE_K, BLOCK_M, BLOCK_N, kNumStages, kNumKSplits>;
   // Bytes one stage's loads deliver: A's box of `a_box_rows` rows (a kernel
   // argument: BLOCK_M, or M when a normal GEMM has fewer rows than one tile),
   // its scales (the box rounded up to 16 bytes) and B's full tile.
@@ -231,15 +218,7 @@ struct GemmTraits {
   // kernel spill).
   static_assert(kNumKSplits == 1 || kNumKBlocks % 2 == 0, "split K needs an even number of K blocks");
   static_assert(kSplitSkew % 2 == 0 && kSplitSkew < kKBlocksPerSplit, "an even skew, both ranks keep K blocks");
-  static_assert(kNumStages >= 2 && kNumStages <= (kPackedA ? 32u : 16u), "2..16 pipeline stages (32 packed)");
-  static_assert(!kPackedA || (BLOCK_M == 64 && kAStageRows % 8 == 0 && kGemmType == kNormal),
-                "packed A stages: BLOCK_M 64, whole 8-row swizzle atoms, normal GEMMs");
-  // The last stage's 64-row WGMMA read of A ends inside the B tiles, and the
-  // last A-scale read (row 63) inside the SFA / SFB buffers.
-  static_assert(Smem::kOffA + (kNumStages - 1) * Smem::kA + 64u * 128u <= Smem::kTotal,
-                "the last stage's 64-row A read must stay inside shared memory");
-  static_assert(Smem::kOffSFA + (kNumStages - 1) * Smem::kSFA + 64u * 4u <= Smem::kTotal,
-                "the last stage's 64-row A-scale read must stay inside shared memory");
+  static_assert(kNumStages >= 2 && kNumStages <= 16, "2..16 pipeline stages");
   // Split K: the tile's j-th K block (of this CTA's share) is consumed (and
   // waited for, by phase parity) only by warpgroup j % 2, in the stage that
   // follows the previous block's.  An odd stage count hands a stage to the other warpgroup every
@@ -275,16 +254,16 @@ struct GemmTraits {
 //   tmap_d         D   as (N, rows, groups) bf16, box (kDCols, 64, 1), swizzle kSwizzleDBytes
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages,
           uint32_t kNumMulticast, bool kMulticastOnA, uint32_t kSwizzleDBytes, uint32_t kGemmType,
-          uint32_t kNumGroups, uint32_t kNumKSplits, uint32_t kAStageRows>
+          uint32_t kNumGroups, uint32_t kNumKSplits>
 __global__ void __launch_bounds__(
     GemmTraits<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, kNumStages, kNumMulticast, kMulticastOnA, kSwizzleDBytes,
-               kGemmType, kNumGroups, kNumKSplits, kAStageRows>::kNumThreads, 1) __cluster_dims__(kNumMulticast * kNumKSplits, 1, 1)
+               kGemmType, kNumGroups, kNumKSplits>::kNumThreads, 1) __cluster_dims__(kNumMulticast * kNumKSplits, 1, 1)
 fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, const float* __restrict__ sfb, const int32_t* __restrict__ grouped_layout,
                      uint16_t* __restrict__ d_ptr, uint32_t ld_d,
                      const __grid_constant__ TmaDescriptor tmap_a, const __grid_constant__ TmaDescriptor tmap_b,
                      const __grid_constant__ TmaDescriptor tmap_sfa, const __grid_constant__ TmaDescriptor tmap_d) {
   using T = GemmTraits<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, kNumStages, kNumMulticast, kMulticastOnA,
-                       kSwizzleDBytes, kGemmType, kNumGroups, kNumKSplits, kAStageRows>;
+                       kSwizzleDBytes, kGemmType, kNumGroups, kNumKSplits>;
   using Smem = typename T::Smem;
   using Scheduler = TileScheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, kNumMulticast, kMulticastOnA, kNumGroups>;
   constexpr uint32_t kNumKBlocks = T::kNumKBlocks;

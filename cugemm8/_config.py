@@ -173,11 +173,6 @@ KINDS = ("normal", "contiguous", "masked")
 BLOCK_K = 128
 SMEM_LIMIT = 232448          # sm_90 opt-in dynamic shared memory per block
 MAX_STAGES = 16
-#: Decode tiles: with BLOCK_M = 64 and at most this many rows of A, a stage
-#: holds only ``a_stage_rows`` rows of A (packed stages, see
-#: :func:`a_stage_rows_for`), so up to MAX_STAGES_PACKED stages fit.
-A_STAGE_ROWS = (8, 16, 32)
-MAX_STAGES_PACKED = 32
 MIN_STAGES = 3
 REGISTER_LIMIT = 192         # FP32 accumulator registers per math thread
 BLOCK_M_CANDIDATES = (64, 128, 256)
@@ -235,25 +230,23 @@ def _align(x: int, a: int) -> int:
 # Derived quantities
 # ---------------------------------------------------------------------------
 
-def smem_size(block_m: int, block_n: int, num_stages: int, k: int, num_k_splits: int = 1,
-              a_stage_rows: int | None = None) -> int:
+def smem_size(block_m: int, block_n: int, num_stages: int, k: int, num_k_splits: int = 1) -> int:
     """Dynamic shared memory (bytes) of the kernel; the kernel static-asserts
-    the same formula (RA = ``a_stage_rows``, BM unless packed)::
+    the same formula::
 
         align(BM*BN*2, 1024)                        D staging (BF16)
       + (64*BN*4 if BM == 64 else 0)                split-K reduction (FP32)
       + (align(BM*BN*4 + 16, 1024) if split)        cluster split-K partial tile (FP32) + 2 barriers
-      + stages * (RA*128 + BN*128 + align(RA*4, 128))  A, B, A scales
+      + stages * (BM*128 + BN*128 + align(BM*4, 128))  A, B, A scales
       + align(64 * ceil(K/128), 16)                 B scales: 8 warps x 2 rows x whole K
-      + align(16 * stages, 256)                     barriers and misc (256 up to 16 stages)
+      + 256                                         barriers and misc
     """
-    ra = block_m if a_stage_rows is None else a_stage_rows
     return (_align(block_m * block_n * 2, 1024)
             + (64 * block_n * 4 if block_m == 64 else 0)
             + (_align(block_m * block_n * 4 + 16, 1024) if num_k_splits == 2 else 0)
-            + num_stages * (ra * BLOCK_K + block_n * BLOCK_K + _align(ra * 4, 128))
+            + num_stages * (block_m * BLOCK_K + block_n * BLOCK_K + _align(block_m * 4, 128))
             + _align(64 * _ceil_div(k, BLOCK_K), 16)
-            + _align(16 * num_stages, 256))
+            + 256)
 
 
 def max_k(smem_limit: int = SMEM_LIMIT) -> int:
@@ -268,38 +261,16 @@ def _min_stages(block_m: int, block_n: int) -> int:
 
 
 def max_stages(block_m: int, block_n: int, k: int, smem_limit: int = SMEM_LIMIT,
-               num_k_splits: int = 1, a_stage_rows: int | None = None) -> int:
-    """Largest stage count (capped at 16, or 32 with packed A stages) whose
-    :func:`smem_size` fits, even for ``block_m`` = 64 (:func:`_stages_ok`),
-    or 0 when fewer than the minimum (3, or 4 for tiles under 128x192) fit."""
-    cap = _stage_cap(block_m, a_stage_rows)
-    stages = cap
-    while stages and smem_size(block_m, block_n, stages, k, num_k_splits, a_stage_rows) > smem_limit:
-        stages -= 1
+               num_k_splits: int = 1) -> int:
+    """Largest stage count (capped at 16) whose :func:`smem_size` fits, even
+    for ``block_m`` = 64 (:func:`_stages_ok`), or 0 when fewer than the
+    minimum (3, or 4 for tiles under 128x192) fit."""
+    fixed = smem_size(block_m, block_n, 0, k, num_k_splits)
+    per_stage = smem_size(block_m, block_n, 1, k, num_k_splits) - fixed
+    stages = min(MAX_STAGES, max(0, smem_limit - fixed) // per_stage)
     while stages and not _stages_ok(block_m, stages):
         stages -= 1
     return stages if stages >= _min_stages(block_m, block_n) else 0
-
-
-def _stage_cap(block_m: int, a_stage_rows: int | None) -> int:
-    packed = a_stage_rows is not None and a_stage_rows < block_m
-    return MAX_STAGES_PACKED if packed else MAX_STAGES
-
-
-def a_stage_rows_for(kind: str, rows: int, block_m: int) -> int:
-    """Rows of A one pipeline stage holds: ``block_m``, or for decode-sized
-    problems (``block_m`` = 64, a normal or masked GEMM whose per-group row
-    extent ``rows`` is at most 32) the smallest of :data:`A_STAGE_ROWS` that
-    holds them (normal GEMMs only: a masked kernel serves any m_max).  Such "packed" stages leave room for up to 32 stages of B:
-    more bytes in flight per SM where the weights are all there is to move.
-    The WGMMA still reads 64 rows from the stage's start; rows past
-    ``a_stage_rows`` belong to the next stages (or B) and only reach
-    accumulator rows that are never stored (fp8_gemm_1d2d.cuh)."""
-    if block_m == 64 and kind == "normal":
-        for ra in A_STAGE_ROWS:
-            if rows <= ra:
-                return ra
-    return block_m
 
 
 def _stages_ok(block_m: int, num_stages: int) -> bool:
@@ -394,17 +365,7 @@ class GemmConfig:
     num_k_splits: int         # 1 or 2: K split across a cluster of 2 (then num_multicast == 1)
     num_sms: int              # grid size (persistent CTAs) to launch
     swizzle_d: int            # D staging swizzle in bytes: 128, 64, 32 or 0
-    smem_bytes: int           # smem_size(block_m, block_n, num_stages, k, num_k_splits, a_stage_rows)
-    a_stage_rows: int = 0     # rows of A per stage: block_m, or 8 / 16 / 32 (packed; 0 = block_m)
-
-    @property
-    def packed(self) -> bool:
-        """Whether stages hold fewer rows of A than a tile (decode only)."""
-        return 0 < self.a_stage_rows < self.block_m
-
-    @property
-    def stage_rows(self) -> int:
-        return self.a_stage_rows if self.packed else self.block_m
+    smem_bytes: int           # smem_size(block_m, block_n, num_stages, k, num_k_splits)
 
     def __str__(self) -> str:
         mc = ""
@@ -412,18 +373,15 @@ class GemmConfig:
             mc = " c2A" if self.multicast_on_a else " c2B"
         if self.num_k_splits == 2:
             mc = " k2"
-        if self.packed:
-            mc += f" a{self.a_stage_rows}"
         return f"{self.block_m}x{self.block_n} s{self.num_stages}{mc} sms{self.num_sms}"
 
 
 def make_config(kind: str, block_m: int, block_n: int, num_stages: int, k: int, *,
                 num_multicast: int = 1, multicast_on_a: bool = False,
-                num_k_splits: int = 1, num_sms: int = 1, a_stage_rows: int | None = None) -> GemmConfig:
+                num_k_splits: int = 1, num_sms: int = 1) -> GemmConfig:
     """Build a :class:`GemmConfig` with its derived fields (warpgroups,
     swizzle, shared memory for ``k``) filled in.  Does not check legality:
     call :func:`is_legal` on the result."""
-    ra = block_m if a_stage_rows is None else a_stage_rows
     return GemmConfig(kind=kind, block_m=block_m, block_n=block_n, block_k=BLOCK_K,
                       num_stages=num_stages,
                       num_math_warpgroups=num_math_warpgroups(block_m),
@@ -431,8 +389,7 @@ def make_config(kind: str, block_m: int, block_n: int, num_stages: int, k: int, 
                       multicast_on_a=bool(multicast_on_a) and num_multicast == 2,
                       num_k_splits=num_k_splits,
                       num_sms=num_sms, swizzle_d=swizzle_d_bytes(block_n),
-                      smem_bytes=smem_size(block_m, block_n, num_stages, k, num_k_splits, ra),
-                      a_stage_rows=ra)
+                      smem_bytes=smem_size(block_m, block_n, num_stages, k, num_k_splits))
 
 
 def is_legal(config: GemmConfig | None = None, *, k: int | None = None,
@@ -477,13 +434,8 @@ def is_legal(config: GemmConfig | None = None, *, k: int | None = None,
     if not _registers_ok(bm, bn):
         return False, (f"{bm}x{bn} needs {(_waves_per_warpgroup(bm) + 1) * bn // 2} "
                        f"accumulator registers per thread (> {REGISTER_LIMIT})")
-    ra = c.stage_rows
-    if ra != bm and not (bm == 64 and c.kind == "normal" and ra in A_STAGE_ROWS):
-        return False, (f"a_stage_rows must be block_m, or one of {A_STAGE_ROWS} for a normal GEMM "
-                       f"with block_m 64, got {c.a_stage_rows} for {c.kind} {bm}x{bn}")
-    cap = _stage_cap(bm, ra)
-    if not MIN_STAGES <= c.num_stages <= cap:
-        return False, f"num_stages must be in [{MIN_STAGES}, {cap}], got {c.num_stages}"
+    if not MIN_STAGES <= c.num_stages <= MAX_STAGES:
+        return False, f"num_stages must be in [{MIN_STAGES}, {MAX_STAGES}], got {c.num_stages}"
     if c.num_stages < _min_stages(bm, bn):
         return False, f"{bm}x{bn} needs at least {_min_stages(bm, bn)} stages, got {c.num_stages}"
     if not _stages_ok(bm, c.num_stages):
@@ -498,10 +450,10 @@ def is_legal(config: GemmConfig | None = None, *, k: int | None = None,
     if c.num_k_splits == 2 and k is not None and _ceil_div(k, BLOCK_K) % 2:
         return False, (f"num_k_splits 2 needs an even number of 128-wide K blocks, "
                        f"k = {k} has {_ceil_div(k, BLOCK_K)}")
-    if k is not None and c.smem_bytes != smem_size(bm, bn, c.num_stages, k, c.num_k_splits, ra):
+    if k is not None and c.smem_bytes != smem_size(bm, bn, c.num_stages, k, c.num_k_splits):
         return False, (f"smem_bytes {c.smem_bytes} != smem_size(...) = "
-                       f"{smem_size(bm, bn, c.num_stages, k, c.num_k_splits, ra)} for k={k}")
-    if k is None and c.smem_bytes < smem_size(bm, bn, c.num_stages, 1, c.num_k_splits, ra):
+                       f"{smem_size(bm, bn, c.num_stages, k, c.num_k_splits)} for k={k}")
+    if k is None and c.smem_bytes < smem_size(bm, bn, c.num_stages, 1, c.num_k_splits):
         return False, f"smem_bytes {c.smem_bytes} below the formula's minimum"
     if c.smem_bytes > smem_limit:
         return False, f"smem_bytes {c.smem_bytes} > limit {smem_limit}"
@@ -694,9 +646,8 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit):
     rows_of_work = m_eff * groups
     ranked = []
     for bm in candidate_block_ms(kind):
-        ra = a_stage_rows_for(kind, m_eff, bm)
         for bn in candidate_block_ns(bm):
-            stages = max_stages(bm, bn, k, smem_limit, a_stage_rows=ra)
+            stages = max_stages(bm, bn, k, smem_limit)
             if not stages:
                 continue
             mb, nb = _ceil_div(m_eff, bm), _ceil_div(n, bn)
@@ -710,7 +661,7 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit):
                     and num_sms >= 2
                     and _ceil_div(k, BLOCK_K) % 2 == 0
                     and 2 * _executed_tiles(groups, mb, nb, 1, False) <= num_sms):
-                split_stages = max_stages(bm, bn, k, smem_limit, num_k_splits=2, a_stage_rows=ra)
+                split_stages = max_stages(bm, bn, k, smem_limit, num_k_splits=2)
                 if split_stages:
                     options.append((1, False, 2, split_stages))
             for mc, on_a, splits, st in options:
@@ -721,8 +672,7 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit):
                 score, work = _score(kind, bm, bn, st, mc, on_a, m_eff, n, k,
                                      groups, grid, num_experts=num_groups, splits=splits)
                 cfg = make_config(kind, bm, bn, st, k, num_multicast=mc,
-                                  multicast_on_a=on_a, num_k_splits=splits, num_sms=grid,
-                                  a_stage_rows=ra)
+                                  multicast_on_a=on_a, num_k_splits=splits, num_sms=grid)
                 key = (score, work, mc, splits, -bm, bn, 0 if on_a else 1)
                 ranked.append((key, cfg))
     if not ranked:

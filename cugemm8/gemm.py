@@ -232,7 +232,7 @@ def _prepare_sfb(sfb, cupy):
 def _kernel_name(cfg: "_config.GemmConfig", n: int, k: int, gemm_type: int, num_groups: int) -> str:
     return (f"cugemm8::fp8_gemm_1d2d_kernel<{n}, {k}, {cfg.block_m}, {cfg.block_n}, {cfg.num_stages}, "
             f"{cfg.num_multicast}, {'true' if cfg.multicast_on_a else 'false'}, {cfg.swizzle_d}, "
-            f"{gemm_type}, {num_groups}, {cfg.num_k_splits}, {cfg.stage_rows}>")
+            f"{gemm_type}, {num_groups}, {cfg.num_k_splits}>")
 
 
 _printed: set = set()
@@ -274,11 +274,7 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
 
     a_row = _map_stride(a, -2, k)
     a_grp = _map_stride(a, 0, a_row * rows) if a.ndim == 3 else _map_stride(None, 0, a_row * rows)
-    if cfg.packed and rows > cfg.stage_rows:
-        # A packed kernel never loads A rows past its stage rows.
-        raise ValueError(f"config {cfg} holds {cfg.stage_rows} rows of A per stage; it cannot run "
-                         f"{rows} rows")
-    box_m = a_box_rows(rows, cfg.stage_rows)
+    box_m = a_box_rows(rows, cfg.block_m)
     tmap_a = _tma.make_descriptor("u8", a.data.ptr, (k, rows, groups_a), (a_row, a_grp),
                                   (128, box_m, 1), swizzle=128)
     b_row = _map_stride(b, -2, k)

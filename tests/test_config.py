@@ -25,7 +25,7 @@ NORMAL_NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384),
              (4096, 7168), (7168, 2048), (576, 7168))
 NORMAL_CASES = [("normal", 1, m, n, k) for m in (1, 8, 16, 32, 64, 128, 4096) for n, k in NORMAL_NK]
 GROUPED_CASES = [c for c in BENCHMARK_CASES if c[0] != "normal"]
-STR_RE = re.compile(r"^(64|128|256)x\d+ s\d+( c2[AB]| k2)?( a(8|16|32))? sms\d+$")
+STR_RE = re.compile(r"^(64|128|256)x\d+ s\d+( c2[AB]| k2)? sms\d+$")
 
 
 def check_choice(cfg: GemmConfig, kind, g, m, n, k, num_sms=132, smem_limit=SMEM_LIMIT):
@@ -44,23 +44,13 @@ def check_choice(cfg: GemmConfig, kind, g, m, n, k, num_sms=132, smem_limit=SMEM
     assert (waves + 1) * bn / 2 <= 192, "register rule"
     splits = cfg.num_k_splits
     assert splits in (1, 2)
-    # packed A stages (decode): only normal GEMMs with BLOCK_M 64 and at most
-    # that many rows; they allow up to 32 stages
-    ra = cfg.stage_rows
-    rows = m * g if kind == "contiguous" else m
-    if ra != bm:
-        assert kind == "normal" and bm == 64 and ra in (8, 16, 32) and max(rows, 1) <= ra
-        assert ra == min(r for r in (8, 16, 32) if max(rows, 1) <= r), "the smallest packing that holds M"
-    elif kind == "normal" and bm == 64:
-        assert rows > 32, "decode-sized normal GEMMs use packed A stages"
-    cap = 32 if ra != bm else 16
-    assert cfg.smem_bytes == smem_size(bm, bn, cfg.num_stages, k, splits, ra) <= smem_limit
-    assert 3 <= cfg.num_stages <= cap
+    assert cfg.smem_bytes == smem_size(bm, bn, cfg.num_stages, k, splits) <= smem_limit
+    assert 3 <= cfg.num_stages <= 16
     if bm * bn < 128 * 192:
         assert cfg.num_stages >= 4
     # the deepest pipeline that fits
     step = 2 if bm == 64 else 1          # split K: the next legal count is two more
-    assert cfg.num_stages + step > cap or smem_size(bm, bn, cfg.num_stages + step, k, splits, ra) > smem_limit
+    assert cfg.num_stages == 16 or smem_size(bm, bn, cfg.num_stages + step, k, splits) > smem_limit
     assert cfg.num_multicast in (1, 2)
     if cfg.num_multicast == 1:
         assert cfg.multicast_on_a is False

@@ -107,39 +107,6 @@ def test_small_m_boxes_forced(cp, tile, m):
     assert H.guards_intact(cp, full, m, n)
 
 
-# Packed A stages (decode kernels): (BLOCK_N, stages, K splits, a_stage_rows).
-PACKED_FORCED = [(32, 32, 1, 8), (16, 32, 2, 16), (128, 8, 1, 32), (56, 24, 1, 8), (192, 4, 1, 32)]
-
-
-@pytest.mark.parametrize("tile", PACKED_FORCED, ids=lambda t: "-".join(map(str, t)))
-@pytest.mark.parametrize("m", [1, 3, 8, 16, 31, 32])
-def test_packed_a_stages_forced(cp, tile, m):
-    bn, stages, splits, ra = tile
-    if m > ra:
-        pytest.skip("a packed kernel runs at most a_stage_rows rows (checked below)")
-    n, k = 1000, 2048
-    cfg = _config.make_config("normal", 64, bn, stages, k, num_k_splits=splits, num_sms=132, a_stage_rows=ra)
-    ok, why = _config.is_legal(cfg, k=k)
-    assert ok, why
-    rng = np.random.default_rng(m * 13 + bn)
-    a, sfa, b, sfb = H.make_operands(cp, rng, m, n, k)
-    out, full = H.poisoned_out(cp, m, n)
-    _gemm._launch(cfg, "normal", n, k, 1, m, m, a, cugemm8.get_col_major_tma_aligned_tensor(sfa), b, sfb,
-                  out, None, 1)
-    ref, bound = H.reference_and_bound(cp, a, sfa, b, sfb)
-    H.check_against(cp, out, ref, bound, what=f"{cfg} m={m}")
-    assert H.guards_intact(cp, full, m, n)
-
-
-def test_packed_config_refuses_more_rows_than_it_holds(cp):
-    cfg = _config.make_config("normal", 64, 32, 32, 2048, num_sms=132, a_stage_rows=8)
-    a, sfa, b, sfb = H.make_operands(cp, np.random.default_rng(0), 9, 256, 2048)
-    out = cp.empty((9, 256), dtype=cp.dtype("bfloat16"))
-    with pytest.raises(ValueError, match="rows of A per stage"):
-        _gemm._launch(cfg, "normal", 256, 2048, 1, 9, 9, a, cugemm8.get_col_major_tma_aligned_tensor(sfa),
-                      b, sfb, out, None, 1)
-
-
 @pytest.mark.parametrize("m,n,k", [(64, 2112, 7168), (128, 4096, 7168), (256, 7168, 2048), (1, 576, 7168)])
 def test_against_unquantised_product(cp, m, n, k):
     """DeepGEMM's end-to-end criterion: calc_diff < 1e-3 against the float64

@@ -62,13 +62,7 @@ def sweep_candidates(shape: Shape, num_sms: int) -> list:
                 cfg = sweep_configs.forced_config(shape, bm, bn, 16, num_sms, splits=splits)
                 if cfg is not None:
                     found.append(cfg)
-    found += sweep_configs.candidates(shape, 6, num_sms)
-    seen, out = set(), []
-    for c in found:
-        if c is not None and str(c) not in seen:
-            seen.add(str(c))
-            out.append(c)
-    return out
+    return sweep_configs.unique_configs(found + sweep_configs.candidates(shape, 6, num_sms))
 
 
 def main(argv=None) -> int:

@@ -129,8 +129,13 @@ def candidates(shape: Shape, top: int, num_sms: int, split_k: int = 0) -> list:
         picked.append(parse_config(anchor, shape, num_sms))
     picked.append(_config.select_config(shape.kind, m, shape.n, shape.k,
                                         num_groups=shape.num_groups, num_sms=num_sms))
+    return unique_configs(picked)
+
+
+def unique_configs(configs) -> list:
+    """``configs`` in order without Nones and without repeats (by name)."""
     out, seen = [], set()
-    for c in picked:
+    for c in configs:
         if c is not None and str(c) not in seen:
             seen.add(str(c))
             out.append(c)

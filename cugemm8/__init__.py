@@ -18,7 +18,7 @@ from .quant import per_token_cast_to_fp8
 from . import interop
 from . import reference
 
-__version__ = "0.7.0"
+__version__ = "0.8.0"
 
 __all__ = [
     "DeviceError", "gemm_fp8", "gemm_fp8_fp8_bf16_nt", "get_col_major_tma_aligned_tensor",

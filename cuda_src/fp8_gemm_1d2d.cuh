@@ -194,7 +194,7 @@ struct GemmTraits {
   static constexpr uint32_t kSwizzleMask = kSwizzleDBytes / 16 - 1;     // 7, 3, 1 (128/64/32 B)
   using Smem = SmemLayout<SHAPE_K, BLOCK_M, BLOCK_N, kNumStages, kNumKSplits>;
   // Bytes one stage's loads deliver: A's box of `a_box_rows` rows (a kernel
-  // argument: BLOCK_M, or M when a normal GEMM has fewer rows than one tile),
+  // argument: min(rows, BLOCK_M), rows being M, m_sum or m_max per group),
   // its scales (the box rounded up to 16 bytes) and B's full tile.
   __device__ __forceinline__ static uint32_t tx_bytes(uint32_t a_box_rows) {
     return a_box_rows * 128u + align_up(a_box_rows, 4u) * 4u + Smem::kB;
@@ -239,8 +239,8 @@ struct GemmTraits {
 // Arguments:
 //   shape_m        rows of A / D (normal), m_sum (contiguous) or m_max (masked)
 //   a_box_rows     rows of the A box of tmap_a (and, rounded up to 4, of tmap_sfa's):
-//                  BLOCK_M, or shape_m when a normal GEMM has fewer rows than
-//                  one tile.  The rows of a stage past the box are never
+//                  min(shape_m, BLOCK_M) (shape_m: M, m_sum, or m_max per
+//                  group; gemm.py a_box_rows).  The rows of a stage past the box are never
 //                  loaded: their stale contents only reach accumulator rows
 //                  >= shape_m, which are never stored.  A box of M rows moves
 //                  no zero-filled rows through TMA: at M = 1 the 64-row box
@@ -248,9 +248,9 @@ struct GemmTraits {
 //   sfb            B scales, row-major [num_groups, ceil(N/128), ceil(K/128)] f32
 //   grouped_layout nullptr (normal), m_indices [m_sum] (contiguous) or masked_m [G] (masked), int32
 //   d_ptr, ld_d    D base and row stride in elements (masked partial-tile stores)
-//   tmap_a         A   as (K, rows, groups) u8,  box (128, BLOCK_M, 1), 128B swizzle
+//   tmap_a         A   as (K, rows, groups) u8,  box (128, a_box_rows, 1), 128B swizzle
 //   tmap_b         B   as (K, N, groups)    u8,  box (128, BLOCK_N, 1), 128B swizzle
-//   tmap_sfa       SFA as (rows, K/128, groups) f32 (MN-major), box (BLOCK_M, 1, 1)
+//   tmap_sfa       SFA as (rows, K/128, groups) f32 (MN-major), box (align4(a_box_rows), 1, 1)
 //   tmap_d         D   as (N, rows, groups) bf16, box (kDCols, 64, 1), swizzle kSwizzleDBytes
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages,
           uint32_t kNumMulticast, bool kMulticastOnA, uint32_t kSwizzleDBytes, uint32_t kGemmType,

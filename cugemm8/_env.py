@@ -7,8 +7,8 @@ override a setting by assigning to the attribute at run time.
 |---|---|
 | ``CUGEMM8_JIT_DEBUG`` | print each compile / cache load with its time |
 | ``CUGEMM8_PRINT_CONFIGS`` | print the kernel configuration chosen for each new shape |
-| ``CUGEMM8_DISABLE_CACHE`` | never load compiled kernels from disk (always compile) |
-| ``CUPY_CACHE_DIR`` | (CuPy's) directory of the on-disk kernel cache, read when CuPy is imported |
+| ``CUGEMM8_DISABLE_CACHE`` | never load or write compiled kernels on disk (always compile) |
+| ``CUPY_CACHE_DIR`` | its ``cugemm8/`` folder holds cugemm8's kernel cache (read at each build; CuPy reads it when imported) |
 | ``CUGEMM8_PTXAS_VERBOSE`` | print ptxas's resource report for each compiled kernel |
 | ``CUGEMM8_DUMP_DIR`` | write the generated source, PTX and ptxas report of each compile here |
 """

@@ -23,7 +23,8 @@ How kernels are built
   ``cupy.RawModule(path=...)`` without touching NVRTC (CuPy's own cache runs
   an NVRTC preprocessing pass for every key: most of a 73 ms warm start).
   A corrupt or truncated entry fails its hash, is treated as a miss and is
-  rebuilt.  ``CUGEMM8_DISABLE_CACHE=1`` compiles every kernel afresh.
+  rebuilt.  ``CUGEMM8_DISABLE_CACHE=1`` (or CuPy's ``CUPY_CACHE_IN_MEMORY=1``)
+  compiles every kernel afresh and writes nothing to disk.
 * Process cache: one loaded kernel per ``(device, header, name expression)``.
 """
 from __future__ import annotations
@@ -213,13 +214,26 @@ def _load(cupy, cubin_path: Path, mangled: str):
     return kern
 
 
+def disk_cache_enabled() -> bool:
+    """False under ``CUGEMM8_DISABLE_CACHE=1`` or CuPy's own
+    ``CUPY_CACHE_IN_MEMORY=1`` (read at each build, as CuPy reads it)."""
+    in_memory = os.environ.get("CUPY_CACHE_IN_MEMORY", "0").strip().lower() not in ("", "0", "false", "no", "off")
+    return not (_env.DISABLE_CACHE or in_memory)
+
+
 def _load_or_compile(cupy, src: str, name_expr: str):
     """The kernel from cugemm8's disk cache, or compiled with NVRTC (and
-    cached unless ``CUGEMM8_DISABLE_CACHE``)."""
+    cached when :func:`disk_cache_enabled`).
+
+    The key holds no NVRTC version (reading it would load NVRTC on every
+    warm start): a cached cubin stays valid sm_90a code under another NVRTC,
+    so an NVRTC upgrade alone keeps using it.  Remove :func:`cache_dir` to
+    rebuild everything with the new compiler."""
     opts = nvrtc_options()
     key = cache_key(src, opts, name_expr, cupy.__version__)
     directory = cache_dir()
-    if not _env.DISABLE_CACHE:
+    use_disk = disk_cache_enabled()
+    if use_disk:
         hit = _read_entry(directory, key)
         if hit is not None:
             try:
@@ -232,7 +246,7 @@ def _load_or_compile(cupy, src: str, name_expr: str):
     except RuntimeError as exc:
         raise cupy.cuda.compiler.CompileException(str(exc), src, "cugemm8.cu", opts, "nvrtc") from None
     mangled = lowered[name_expr]
-    if _env.DISABLE_CACHE:
+    if not use_disk:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "kernel.cubin"
             path.write_bytes(cubin)

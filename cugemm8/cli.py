@@ -14,7 +14,7 @@ Subcommands
     Forwards to ``benches/bench_gemm.py`` (present in a source checkout).
 ``warmup --shapes FILE [--compile-only]``
     Compiles every kernel the shapes in FILE need, so later processes load
-    them from CuPy's disk cache (with ``--compile-only``: NVRTC only, no GPU,
+    them from cugemm8's disk cache (with ``--compile-only``: NVRTC only, no GPU,
     nothing cached; a check that they build).
 ``configs [--shapes FILE] [--num-sms N]``
     Prints the heuristic's kernel configuration (tile, stages, multicast,

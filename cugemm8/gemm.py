@@ -89,7 +89,7 @@ def _as_fp8(name: str, x, ndim: int, cupy):
         return x          # nothing is read from an empty operand
     if x.shape[-1] % 16:
         # Checked before the strides: with such a k no copy could make them legal.
-        raise ValueError(f"{name} has k = {x.shape[-1]}; k must be a positive multiple of 16 "
+        raise ValueError(f"{name} has k = {x.shape[-1]}; k must be a multiple of 16 "
                          f"(16-byte FP8 rows for TMA)")
     if x.shape[-1] > 1 and x.strides[-1] != 1:
         raise ValueError(f"{name} must be K-major (last stride 1 byte), got strides {x.strides}")
@@ -144,7 +144,17 @@ def _check_out(name: str, x, shape: tuple, cupy):
     if x.ndim >= 2 and x.shape[-2] > 1 and x.strides[-2] // 2 >= 2 ** 32:
         raise ValueError(f"{name} row stride {x.strides[-2]} B must be below 2^33 B "
                          f"(the kernel takes it as a 32-bit element count)")
-    # Distinct elements of out must not share memory (that would be a write race).
+    _check_no_self_overlap(name, x, shape)
+
+
+def _check_no_self_overlap(name: str, x, shape: tuple) -> None:
+    """Distinct elements of an output must not share memory (that would be
+    a write race): no zero, negative or too small outer strides."""
+    if x.size == 0:
+        return
+    if shape[-1] > 1 and x.strides[-1] <= 0:
+        raise ValueError(f"{name} stride {x.strides[-1]} B of its last dimension makes its elements "
+                         f"overlap, got strides {x.strides}")
     inner = 2 * shape[-1]
     for i in range(x.ndim - 2, -1, -1):
         if x.shape[i] > 1 and x.strides[i] < inner:
@@ -437,7 +447,7 @@ def _empty_k_contiguous(cupy):
     kern = _k0_kernels.get("contiguous")
     if kern is None:
         kern = _k0_kernels["contiguous"] = cupy.ElementwiseKernel(
-            "raw int32 m_indices, int32 g, int32 n", "raw uint16 out",
+            "raw int32 m_indices, int64 g, int64 n", "raw uint16 out",
             """
             const long long r = i / n;
             const int e = m_indices[r], first = m_indices[r / 128 * 128];
@@ -451,7 +461,7 @@ def _empty_k_masked(cupy):
     kern = _k0_kernels.get("masked")
     if kern is None:
         kern = _k0_kernels["masked"] = cupy.ElementwiseKernel(
-            "raw int32 masked_m, int32 m_max, int32 n", "raw uint16 out",
+            "raw int32 masked_m, int64 m_max, int64 n", "raw uint16 out",
             """
             const long long row = i / n, grp = row / m_max, r = row % m_max;
             int v = masked_m[grp];
@@ -477,8 +487,9 @@ def gemm_fp8_fp8_bf16_nt(lhs, rhs, out) -> None:
         out: bfloat16 ``[m, n]``, row-major with 16-byte aligned rows;
             written in full, nothing outside it.
 
-    Requirements: ``k % 16 == 0``, ``n % 8 == 0``, any ``m >= 0``; see the
-    module docstring for strides and alignment.
+    Requirements: ``k % 16 == 0``, ``n % 8 == 0``, any ``m >= 0`` (``k == 0``
+    writes zeros, ``m == 0`` or ``n == 0`` launches nothing); see the module
+    docstring for strides and alignment.
 
     Raises:
         TypeError: wrong container or dtype.
@@ -568,7 +579,7 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs, rhs, out, m_indices) -> None:
     if m == 0 or n == 0:
         return
     if k == 0:
-        _empty_k_contiguous(cupy)(m_indices, np.int32(g), np.int32(n), out.view(np.uint16), size=m * n)
+        _empty_k_contiguous(cupy)(m_indices, np.int64(g), np.int64(n), out.view(np.uint16), size=m * n)
         return
     cfg = _select("contiguous", m, n, k, g)
     _launch_and_remember(key, cupy, cfg, "contiguous", n, k, g, m, m, a, sfa, b, sfb, out, m_indices, 1)
@@ -637,7 +648,7 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs, rhs, out, masked_m, expected_m: i
     if g == 0 or m_max == 0 or n == 0:
         return
     if k == 0:
-        _empty_k_masked(cupy)(masked_m, np.int32(m_max), np.int32(n), out.view(np.uint16),
+        _empty_k_masked(cupy)(masked_m, np.int64(m_max), np.int64(n), out.view(np.uint16),
                               size=g * m_max * n)
         return
     cfg = _select("masked", min(int(expected_m), m_max), n, k, g)

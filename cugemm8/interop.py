@@ -56,7 +56,12 @@ def _relabel_capsule(capsule, code: int, bits: int, *, expect_bits: int = 8) -> 
 
 
 def _capsule_dtype(capsule) -> tuple[int, int]:
-    name = _capsule_get_name(capsule)
+    try:
+        name = _capsule_get_name(capsule)
+    except (TypeError, ValueError) as exc:          # not a capsule at all
+        raise TypeError(f"__dlpack__ returned {type(capsule).__name__}, not a DLPack capsule") from exc
+    if name not in _DTYPE_OFFSET:                   # consumed ("used_dltensor") or foreign
+        raise TypeError(f"__dlpack__ returned a capsule named {name!r}, not an unconsumed DLPack tensor")
     base = _capsule_get_pointer(capsule, name)
     field = (ctypes.c_uint8 * 2).from_address(base + _DTYPE_OFFSET[name])
     return int(field[0]), int(field[1])
@@ -242,12 +247,13 @@ def per_token_cast_to_fp8_jax(x, **kwargs):
 
     Args:
         x: JAX array on a GPU, ``[m, k]`` or ``[g, m, k]``, float32, float16
-            or bfloat16, ``k % 16 == 0``.
+            or bfloat16, any ``k`` (the payload comes back with ``ceil(k/16)*16`` columns).
         **kwargs: ``min_amax``, ``pow2_scale`` as for the CuPy quantiser.
 
     Returns:
-        ``(a, sfa)``: ``a`` ``float8_e4m3fn`` with ``x``'s shape and ``sfa``
-        float32 ``[..., m, ceil(k/128)]``, row-major (JAX arrays carry no
+        ``(a, sfa)``: ``a`` ``float8_e4m3fn`` ``[..., m, ceil(k/16)*16]``
+        (``x``'s shape when ``k % 16 == 0``; padding columns zero) and
+        ``sfa`` float32 ``[..., m, ceil(k/128)]``, row-major (JAX arrays carry no
         strides; :func:`gemm_fp8_fp8_bf16_nt_jax` converts it back).
 
     Raises:
@@ -268,12 +274,13 @@ def per_block_cast_to_fp8_jax(w, **kwargs):
 
     Args:
         w: JAX array on a GPU, ``[n, k]`` or ``[g, n, k]``, float32, float16
-            or bfloat16, ``k % 16 == 0``.
+            or bfloat16, any ``k`` (as :func:`cugemm8.per_block_cast_to_fp8`).
         **kwargs: ``min_amax``, ``pow2_scale`` as for the CuPy quantiser.
 
     Returns:
-        ``(b, sfb)``: ``b`` ``float8_e4m3fn`` with ``w``'s shape and ``sfb``
-        float32 ``[..., ceil(n/128), ceil(k/128)]``, row-major.
+        ``(b, sfb)``: ``b`` ``float8_e4m3fn`` ``[..., n, ceil(k/16)*16]``
+        (``w``'s shape when ``k % 16 == 0``) and ``sfb`` float32
+        ``[..., ceil(n/128), ceil(k/128)]``, row-major.
 
     Raises:
         TypeError: ``w`` is not a CUDA DLPack producer, or has a wrong dtype.

@@ -392,24 +392,38 @@ def gemm_fp8(a, b, out=None, *, pow2_scale: bool = False):
     m, k = _operand_shape("a", a, cupy, _gemm)
     n, k_b = _operand_shape("b", b, cupy, _gemm)
     a_pair, b_pair = isinstance(a, (tuple, list)), isinstance(b, (tuple, list))
-    if padded_k(k_b) != padded_k(k):
+    # Two float operands must agree exactly; a float operand and a quantised
+    # pair agree when the float one pads to the pair's K (its payload was
+    # padded the same way by the quantiser).
+    same_k = padded_k(k_b) == padded_k(k) if a_pair != b_pair else k_b == k
+    if not same_k:
         raise ValueError(f"a is [m, k] = {[m, k]} and b is [n, k] = {[n, k_b]}: k differs")
     k = padded_k(k)
     n_gemm = n if b_pair else -(-n // 8) * 8          # float weights: zero rows up to n % 8 == 0
     _config.check_n_k(n_gemm, k, allow_empty=True)
-    # The scales of already quantised pairs (aliasing with ``out`` is checked
-    # by the GEMM, after any quantisation).
+    # The scales of already quantised pairs, every array's device, and out
+    # against every input: all before anything is quantised.
     kb = -(-k // _GROUP)
+    arrays = {}
     if a_pair:
         _gemm._check_f32("a scale (sfa)", a[1], (m, kb), cupy)
+        arrays.update({"a payload": a[0], "a scale (sfa)": a[1]})
+    else:
+        arrays["a"] = a
     if b_pair:
         _gemm._check_f32("b scale (sfb)", b[1], (-(-n // _GROUP), kb), cupy)
+        arrays.update({"b payload": b[0], "b scale (sfb)": b[1]})
+    else:
+        arrays["b"] = b
     if out is not None:
         if n_gemm == n:
             _gemm._check_out("out", out, (m, n), cupy)
         else:                        # written by a copy from an aligned buffer, not by TMA
             _gemm._check_typed("out", out, "bfloat16", (m, n), cupy)
-            check_on_current_device({"out": out}, cupy)
+            _gemm._check_no_self_overlap("out", out, (m, n))
+        _gemm._check_placement(out, arrays, cupy)
+    else:
+        check_on_current_device(arrays, cupy)
     if not (a_pair and b_pair):
         refuse_temporary_under_capture(
             "gemm_fp8 quantises its float operands into temporaries",

@@ -240,7 +240,7 @@ def test_k_not_a_multiple_of_16_is_named_before_the_strides():
     # k = 24: the packed row stride (24 B) also breaks the TMA stride rule,
     # but the message must name k, which no copy can fix.
     d = normal_args(m=64, n=256, k=24)
-    with pytest.raises(ValueError, match="k = 24; k must be a positive multiple of 16"):
+    with pytest.raises(ValueError, match="k = 24; k must be a multiple of 16"):
         call_normal(**d)
 
 
@@ -259,6 +259,14 @@ def test_gemm_fp8_checks_the_gemm_rules_before_quantising(monkeypatch):
     a, b = fake((64, 512), BF16), fake((256, 256), BF16)
     with pytest.raises(ValueError, match="k differs"):
         cugemm8.gemm_fp8(a, b)
+    # two float operands must have the same k (padding is for float vs quantised pairs)
+    with pytest.raises(ValueError, match="k differs"):
+        cugemm8.gemm_fp8(fake((64, 1000), BF16), fake((256, 1008), BF16))
+    with pytest.raises(ValueError, match="k differs"):
+        cugemm8.gemm_fp8(fake((64, 1001), BF16), fake((256, 1000), BF16))
+    # an out whose rows overlap is rejected also when n % 8 != 0 (written by a copy)
+    with pytest.raises(ValueError, match="overlap"):
+        cugemm8.gemm_fp8(a, fake((12, 512), BF16), out=fake((64, 12), BF16, strides=(0, 2)))
     # a quantised b keeps the GEMM's n % 8 rule (float weights are padded instead)
     with pytest.raises(ValueError, match="multiple of 8"):
         cugemm8.gemm_fp8(a, (fake((12, 512), np.uint8), fake((1, 4), np.float32)))

@@ -16,7 +16,8 @@ that removes work).  ``tiled_b`` re-encodes B's tensor map as rows of 128
 bytes, for probes of a pre-tiled B layout (the variant's kernel must
 address it).  ``root`` starts the variant from another ``cuda_src/``
 tree (e.g. an older commit's: ``git archive REV cuda_src | tar -x -C
-DIR``).  ``direct_d`` drops the D staging buffer from ``_config.smem_size``
+DIR``); a tree older than v0.8 gets its own launch: BLOCK_M-row A boxes and
+no ``a_box_rows`` argument.  ``direct_d`` drops the D staging buffer from ``_config.smem_size``
 for that variant, so configurations that only fit without it become
 legal.  Every
 (case, variant) is compiled first (threads), its output checked against the
@@ -103,11 +104,26 @@ def variant(tree: Path, spec: dict):
                     dims, strides = (128, n * k // 128, g), (128, strides[1] if g > 1 else n * k)
             return saved_make(dtype, address, dims, strides, box, **kw)
         G._prepare_launch, G._tma.make_descriptor = prep, make
+    saved_get, saved_box = _jit.get_kernel, G.a_box_rows
+    if "a_box_rows" not in (tree / KERNEL).read_text():
+        # A tree older than v0.8 (commit e36340f): its kernel expects A boxes
+        # of BLOCK_M rows and takes no a_box_rows argument, so encode those
+        # boxes and drop the argument from the launch.
+        G.a_box_rows = lambda rows, block_m: block_m
+
+        def get_kernel(*args, **kw):
+            kern = saved_get(*args, **kw)
+
+            def launch(grid, block, kargs, **lkw):
+                return kern(grid, block, kargs[:1] + kargs[2:], **lkw)
+            return launch
+        _jit.get_kernel = get_kernel
     _jit._kernels.clear()
     G.clear_launch_cache()
     try:
         yield
     finally:
+        _jit.get_kernel, G.a_box_rows = saved_get, saved_box
         G._prepare_launch, G._tma.make_descriptor = saved_prep, saved_make
         _jit.cuda_src_dir, _config.smem_size = saved_dir, saved_smem
         _jit._kernels.clear()

@@ -549,12 +549,10 @@ def check_n_k(n: int, k: int, smem_limit: int = SMEM_LIMIT, *, allow_empty: bool
     ``n == 0`` and ``k == 0`` pass too: such calls launch no GEMM (an empty
     output, or zeros for ``k == 0``, as DeepGEMM does).
     """
-    lo = 0 if allow_empty else 1
+    lo, kind = (0, "a non-negative") if allow_empty else (1, "a positive")
     if k < lo or k % 16:
-        kind = "a non-negative" if allow_empty else "a positive"
         raise ValueError(f"k = {k} must be {kind} multiple of 16 (16-byte FP8 rows for TMA)")
     if n < lo or n % 8:
-        kind = "a non-negative" if allow_empty else "a positive"
         raise ValueError(f"n = {n} must be {kind} multiple of 8 (16-byte BF16 output rows)")
     limit = max_k(smem_limit)
     if 0 < limit < k:           # (limit 0: no tile fits at all; _rank says so)

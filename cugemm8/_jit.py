@@ -113,9 +113,6 @@ _kernels: dict[tuple, object] = {}
 # asking for the same kernel build it once.
 _key_locks: dict[tuple, threading.Lock] = {}
 _locks_guard = threading.Lock()
-# CUGEMM8_DISABLE_CACHE flips a process-wide environment variable around the
-# build, so those builds stay serial.
-_env_lock = threading.Lock()
 
 
 def _lock_for(key: tuple) -> threading.Lock:
@@ -217,8 +214,7 @@ def _load(cupy, cubin_path: Path, mangled: str):
 def disk_cache_enabled() -> bool:
     """False under ``CUGEMM8_DISABLE_CACHE=1`` or CuPy's own
     ``CUPY_CACHE_IN_MEMORY=1`` (read at each build, as CuPy reads it)."""
-    in_memory = os.environ.get("CUPY_CACHE_IN_MEMORY", "0").strip().lower() not in ("", "0", "false", "no", "off")
-    return not (_env.DISABLE_CACHE or in_memory)
+    return not (_env.DISABLE_CACHE or _env._flag("CUPY_CACHE_IN_MEMORY"))
 
 
 def _load_or_compile(cupy, src: str, name_expr: str):

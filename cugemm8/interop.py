@@ -43,19 +43,9 @@ _capsule_get_name.restype = ctypes.c_char_p
 _capsule_get_name.argtypes = [ctypes.py_object]
 
 
-def _relabel_capsule(capsule, code: int, bits: int, *, expect_bits: int = 8) -> None:
-    """Rewrite ``DLTensor.dtype`` (code, bits; lanes kept) of an unconsumed capsule."""
-    name = _capsule_get_name(capsule)
-    if name not in _DTYPE_OFFSET:
-        raise TypeError(f"not an unconsumed DLPack capsule (name {name!r})")
-    base = _capsule_get_pointer(capsule, name)
-    field = (ctypes.c_uint8 * 2).from_address(base + _DTYPE_OFFSET[name])
-    if field[1] != expect_bits:
-        raise TypeError(f"expected an {expect_bits}-bit element type, got {field[1]} bits (code {field[0]})")
-    field[0], field[1] = code, bits
-
-
-def _capsule_dtype(capsule) -> tuple[int, int]:
+def _dtype_field(capsule):
+    """The two bytes (code, bits) of ``DLTensor.dtype`` inside an unconsumed
+    DLPack capsule; ``TypeError`` for anything else."""
     try:
         name = _capsule_get_name(capsule)
     except (TypeError, ValueError) as exc:          # not a capsule at all
@@ -63,7 +53,19 @@ def _capsule_dtype(capsule) -> tuple[int, int]:
     if name not in _DTYPE_OFFSET:                   # consumed ("used_dltensor") or foreign
         raise TypeError(f"__dlpack__ returned a capsule named {name!r}, not an unconsumed DLPack tensor")
     base = _capsule_get_pointer(capsule, name)
-    field = (ctypes.c_uint8 * 2).from_address(base + _DTYPE_OFFSET[name])
+    return (ctypes.c_uint8 * 2).from_address(base + _DTYPE_OFFSET[name])
+
+
+def _relabel_capsule(capsule, code: int, bits: int, *, expect_bits: int = 8) -> None:
+    """Rewrite ``DLTensor.dtype`` (code, bits; lanes kept) of an unconsumed capsule."""
+    field = _dtype_field(capsule)
+    if field[1] != expect_bits:
+        raise TypeError(f"expected an {expect_bits}-bit element type, got {field[1]} bits (code {field[0]})")
+    field[0], field[1] = code, bits
+
+
+def _capsule_dtype(capsule) -> tuple[int, int]:
+    field = _dtype_field(capsule)
     return int(field[0]), int(field[1])
 
 

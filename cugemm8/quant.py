@@ -438,16 +438,14 @@ def gemm_fp8(a, b, out=None, *, pow2_scale: bool = False):
             w = cupy.zeros((n_gemm, b.shape[1]), dtype=b.dtype)
             w[:n] = b
         rhs = per_block_cast_to_fp8(w, pow2_scale=pow2_scale)
-    import ml_dtypes
-    if out is None:
-        full = cupy.empty((m, n_gemm), dtype=ml_dtypes.bfloat16)
-        _gemm.gemm_fp8_fp8_bf16_nt(lhs, rhs, full)
-        return full[:, :n]
-    if n_gemm == n:
+    if out is not None and n_gemm == n:
         _gemm.gemm_fp8_fp8_bf16_nt(lhs, rhs, out)
         return out
-    full = cupy.empty((m, n_gemm), dtype=ml_dtypes.bfloat16)
+    import ml_dtypes
+    full = cupy.empty((m, n_gemm), dtype=ml_dtypes.bfloat16)      # rows padded to n % 8 == 0
     _gemm.gemm_fp8_fp8_bf16_nt(lhs, rhs, full)
+    if out is None:
+        return full[:, :n]
     out[...] = full[:, :n]
     return out
 

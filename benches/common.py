@@ -1,5 +1,6 @@
-"""Timing helpers shared by the benchmarks: L2 flush, CUDA-event timing, the
-copy ceiling, and the cuBLASLt blockwise-FP8 baseline through PyTorch.
+"""Timing helpers shared by the benchmarks: L2 flush, CUDA-event timing, CUPTI
+kernel times and spans, the copy ceiling, and the cuBLASLt blockwise-FP8
+baseline through PyTorch.
 
 Method (docs/benchmarks.md "Method"): kernel time only, CUDA events
 around each launch, median of many repetitions, a 256 MB write before each
@@ -13,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+import time
 
 import cupy as cp
 
@@ -100,6 +102,77 @@ def kernel_times(fns, *, reps: int, flush) -> Timing | None:
     Returns None when torch (with CUDA) is not importable or nothing was
     recorded.
     """
+    reps_seen = _profiled_reps(fns, reps=reps, flush=flush)
+    if reps_seen is None:
+        return None
+    samples = [total for total in (sum(dur for _, dur in acts) for acts in reps_seen) if total]
+    return Timing(samples) if samples else None
+
+
+def kernel_spans(fns, *, reps: int, flush) -> Timing | None:
+    """GPU time spans per repetition from CUPTI, through ``torch.profiler``.
+
+    Profiled like :func:`kernel_times` (each repetition ``flush()`` then
+    every ``fn``; the flush's activities told apart by name), but a
+    repetition's value is the span, in µs, from the start of its first
+    non-flush GPU activity to the end of its last one: gaps between kernels
+    count (the dependent-launch latency that PDL hides) and kernels that
+    overlap count once.  So that host time between launches is not measured
+    as GPU gaps, the GPU is first held by a spin kernel long enough for the
+    host to enqueue every repetition (5 ms + 3 x the host time of an
+    unprofiled repetition per repetition, at most 2 s, as
+    examples/tensor_parallel.py's ``time_on_stream``); when that kernel
+    cannot be built the repetitions run unheld.
+
+    Returns None when torch (with CUDA) is not importable or nothing was
+    recorded.
+    """
+    if load_torch()[0] is None or flush is None:
+        return None
+    cp.cuda.runtime.deviceSynchronize()
+    t0 = time.perf_counter()
+    flush()
+    for fn in fns:
+        fn()
+    host_s = time.perf_counter() - t0
+    reps_seen = _profiled_reps(fns, reps=reps, flush=flush, hold_s=min(2.0, 0.005 + 3.0 * reps * host_s))
+    if reps_seen is None:
+        return None
+    samples = [max(start + dur for start, dur in acts) - min(start for start, _ in acts)
+               for acts in reps_seen if acts]
+    return Timing(samples) if samples else None
+
+
+_hold_state: dict = {}
+
+
+def _hold_gpu():
+    """``spin(seconds)`` of examples/tensor_parallel.py (one thread sleeping on
+    the global timer keeps the current stream busy), loaded from its file and
+    built on first use; None when it cannot be loaded, built or run."""
+    if "spin" not in _hold_state:
+        import importlib.util
+        from pathlib import Path
+        try:
+            path = Path(__file__).resolve().parent.parent / "examples" / "tensor_parallel.py"
+            spec = importlib.util.spec_from_file_location("_cugemm8_example_tp", path)
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            mod.spin(0.0)
+            _hold_state["spin"] = mod.spin
+        except Exception:  # no example file or no NVRTC: measure unheld
+            _hold_state["spin"] = None
+    return _hold_state["spin"]
+
+
+def _profiled_reps(fns, *, reps: int, flush, hold_s: float = 0.0):
+    """The GPU activities of ``reps`` repetitions of ``flush()`` then every
+    ``fn``, profiled with CUPTI through ``torch.profiler``: per repetition
+    the list of ``(start_us, duration_us)`` of each activity after its flush,
+    the flush's own activities (named as when profiling ``flush()`` alone)
+    left out.  With ``hold_s`` the GPU is first held that many seconds
+    (:func:`_hold_gpu`).  None when torch (with CUDA) is not importable,
+    ``flush`` is None or the flush recorded nothing."""
     torch, _ = load_torch()
     if torch is None or flush is None:
         return None
@@ -117,6 +190,7 @@ def kernel_times(fns, *, reps: int, flush) -> Timing | None:
                 out.append((e.time_range.start, e.time_range.elapsed_us(), e.name))
         return sorted(out)
 
+    hold = _hold_gpu() if hold_s > 0 else None     # built before anything is profiled
     cp.cuda.runtime.deviceSynchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         flush()
@@ -125,22 +199,24 @@ def kernel_times(fns, *, reps: int, flush) -> Timing | None:
     if not flush_names:
         return None
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        if hold is not None:              # before the first flush: in no repetition
+            hold(hold_s)
         for _ in range(reps):
             flush()
             for fn in fns:
                 fn()
         cp.cuda.runtime.deviceSynchronize()
-    samples, current = [], None
-    for _, dur, name in gpu_events(prof):
+    reps_seen, current = [], None
+    for start, dur, name in gpu_events(prof):
         if name in flush_names:
-            if current:
-                samples.append(current)
-            current = 0.0
+            if current is not None:
+                reps_seen.append(current)
+            current = []
         elif current is not None:
-            current += dur
-    if current:
-        samples.append(current)
-    return Timing(samples) if samples else None
+            current.append((start, dur))
+    if current is not None:
+        reps_seen.append(current)
+    return reps_seen
 
 
 def _time_copy(nbytes: int, reps: int) -> Timing:

@@ -36,6 +36,7 @@
 //     (finite / Inf).  Other groups are unaffected.
 #pragma once
 #include "common.cuh"
+#include "ptx/griddep.cuh"
 
 namespace cugemm8 {
 
@@ -342,6 +343,10 @@ per_token_cast_kernel(const void* __restrict__ x, uint8_t* __restrict__ a, float
   static_assert(kVec == 4 || kVec == 8, "16-byte loads of 4-byte or 2-byte elements");
   static_assert(kLanesPerGroup <= 32 && 32 % kLanesPerGroup == 0, "a group never straddles warps");
 
+  // Programmatic dependent launch (ptx/griddep.cuh): wait for the previous
+  // grid before reading x, then let the next one (e.g. the GEMM) launch.
+  griddep_wait();
+  griddep_launch_dependents();
   const uint32_t lane = threadIdx.x % 32;
   const uint32_t task_id = blockIdx.x * kWarps + threadIdx.x / 32;
   if (task_id >= num_rows * tasks_per_row) return;  // warp-uniform: whole warp leaves
@@ -442,6 +447,8 @@ per_block_cast_kernel(const void* __restrict__ x, uint8_t* __restrict__ out, flo
   static_assert(quant::kThreads % kVecsPerRow == 0, "a thread keeps its column in every iteration");
 
   __shared__ uint32_t smem_warp_amax[kWarps];
+  griddep_wait();               // as in per_token_cast_kernel
+  griddep_launch_dependents();
 
   // Locate the tile (b, n-block, k-block)
   const uint32_t tile = blockIdx.x;

@@ -5,6 +5,8 @@ scaling, on CuPy.  Importable without a GPU; device work raises
 from ._device import DeviceError
 from ._device import get_num_sms
 from ._device import set_num_sms
+from ._launch import get_pdl
+from ._launch import set_pdl
 from .gemm import gemm_fp8_fp8_bf16_nt
 from .gemm import get_gemm_config
 from .gemm import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous
@@ -13,17 +15,18 @@ from .layout import get_col_major_tma_aligned_tensor
 from .layout import get_m_alignment_for_contiguous_layout
 from .layout import make_contiguous_layout
 from .quant import gemm_fp8
+from .quant import gemm_fp8_workspace_bytes
 from .quant import per_block_cast_to_fp8
 from .quant import per_token_cast_to_fp8
 from . import interop
 from . import reference
 
-__version__ = "0.8.0"
+__version__ = "0.9.0"
 
 __all__ = [
-    "DeviceError", "gemm_fp8", "gemm_fp8_fp8_bf16_nt", "get_col_major_tma_aligned_tensor",
-    "get_gemm_config", "get_m_alignment_for_contiguous_layout", "get_num_sms", "interop",
-    "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous", "m_grouped_gemm_fp8_fp8_bf16_nt_masked",
-    "make_contiguous_layout", "per_block_cast_to_fp8", "per_token_cast_to_fp8", "reference",
-    "set_num_sms",
+    "DeviceError", "gemm_fp8", "gemm_fp8_fp8_bf16_nt", "gemm_fp8_workspace_bytes",
+    "get_col_major_tma_aligned_tensor", "get_gemm_config", "get_m_alignment_for_contiguous_layout",
+    "get_num_sms", "get_pdl", "interop", "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous",
+    "m_grouped_gemm_fp8_fp8_bf16_nt_masked", "make_contiguous_layout", "per_block_cast_to_fp8",
+    "per_token_cast_to_fp8", "reference", "set_num_sms", "set_pdl",
 ]

@@ -62,6 +62,7 @@ import sys
 import numpy as np
 
 from . import _config, _device, _env, _jit, _tma
+from ._launch import Launcher
 from ._checks import check_device_array, check_on_current_device, refuse_temporary_under_capture
 from .layout import get_col_major_tma_aligned_tensor, is_tma_aligned_mn_major
 
@@ -271,12 +272,16 @@ def _map_stride(x, dim: int, packed: int) -> int:
 
 
 def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: int, rows: int,
-                    a, sfa, b, sfb, out, layout, groups_a: int):
-    """Encode descriptors; return a no-argument launcher (on CuPy's current
-    stream at call time).
+                    a, sfa, b, sfb, out, layout, groups_a: int, flags: int = 0):
+    """Encode descriptors; return a :class:`cugemm8._launch.Launcher` (it
+    launches on CuPy's current stream at call time, as a programmatic
+    dependent launch when :func:`cugemm8.set_pdl` is on or it is called with
+    ``pdl=True``).
 
     ``rows`` is the per-group row extent of A / SFA / D (m, m_sum or m_max)
-    and ``groups_a`` their group count (1 unless masked).
+    and ``groups_a`` their group count (1 unless masked); ``flags`` the
+    kernel's flag bits (``kFlagEarlyB``: only behind a cugemm8 kernel that
+    writes neither B nor SFB, see :func:`cugemm8.quant.gemm_fp8`).
     """
     kb = -(-k // 128)
     name = _kernel_name(cfg, n, k, _GEMM_TYPE[kind], num_groups)
@@ -309,14 +314,10 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
     threads = 128 * (cfg.num_math_warpgroups + 1)
     # Raw device addresses, not the arrays: a cached launcher (see _fast_key)
     # must not keep the caller's memory alive.
-    args = (np.uint32(shape_m), np.uint32(box_m), np.uint64(sfb.data.ptr),
+    args = (np.uint32(shape_m), np.uint32(box_m), np.uint32(flags), np.uint64(sfb.data.ptr),
             np.uint64(layout.data.ptr) if layout is not None else _NULL, np.uint64(out.data.ptr),
             np.uint32(d_row // 2), tmap_a, tmap_b, tmap_sfa, tmap_d)
-    grid, block, smem = (cfg.num_sms,), (threads,), cfg.smem_bytes
-
-    def launch():
-        kern(grid, block, args, shared_mem=smem)
-    return launch
+    return Launcher(kern, (cfg.num_sms,), (threads,), args, cfg.smem_bytes)
 
 
 def a_box_rows(rows: int, block_m: int) -> int:

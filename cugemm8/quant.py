@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _config, _device, _jit
+from . import _config, _device, _jit, _launch
 from ._checks import check_device_array, check_on_current_device, refuse_temporary_under_capture
 from .reference import MIN_AMAX_FLOOR, check_quant_options
 
@@ -44,8 +44,10 @@ _GROUP = 128
 _E4M3_MAX = 448.0
 _INT32_MAX = 2 ** 31 - 1
 _IN_DTYPES = {"float32": "kFloat32", "float16": "kFloat16", "bfloat16": "kBFloat16"}
+_FLAG_EARLY_B = 1                  # fp8_gemm_1d2d.cuh kFlagEarlyB
 
-__all__ = ["per_token_cast_to_fp8", "per_block_cast_to_fp8", "gemm_fp8", "MIN_AMAX_FLOOR"]
+__all__ = ["per_token_cast_to_fp8", "per_block_cast_to_fp8", "gemm_fp8", "gemm_fp8_workspace_bytes",
+           "MIN_AMAX_FLOOR"]
 
 
 # ----------------------------------------------------------------------------
@@ -171,10 +173,12 @@ def _per_token_split(rows: int, k: int, itemsize: int, num_sms: int):
     return -(-chunks_per_row // per_task), per_task
 
 
-def _launch_per_token(x, a, sfa_buf, min_amax_f32, pow2_scale: bool, cupy) -> None:
+def _launch_per_token(x, a, sfa_buf, min_amax_f32, pow2_scale: bool, cupy, *, launch: bool = True):
     """Launch the per-token kernel: ``x`` validated and non-empty, ``a``
     uint8 ``[g, m, k]`` and ``sfa_buf`` float32 ``[g, ceil(k/128), m_pad]``,
-    both C-contiguous (tests pass poisoned buffers here)."""
+    both C-contiguous (tests pass poisoned buffers here).  Returns its
+    :class:`cugemm8._launch.Launcher` (with ``launch=False``: without
+    launching)."""
     *_, m, k = x.shape
     g = x.shape[0] if x.ndim == 3 else 1
     m_pad = sfa_buf.shape[-1]
@@ -190,7 +194,10 @@ def _launch_per_token(x, a, sfa_buf, min_amax_f32, pow2_scale: bool, cupy) -> No
     args = (x3, a, sfa_buf, np.uint32(m), np.uint32(k), np.uint32(rows),
             np.int64(batch_stride), np.int64(row_stride), np.uint32(m_pad),
             np.uint32(tasks_per_row), np.uint32(per_task), min_amax_f32)
-    kern((-(-warps // _WARPS),), (_THREADS,), args)
+    launcher = _launch.Launcher(kern, (-(-warps // _WARPS),), (_THREADS,), args)
+    if launch:
+        launcher()
+    return launcher
 
 
 def _launch_per_block(w, b, sfb, min_amax_f32, pow2_scale: bool, cupy) -> None:
@@ -207,7 +214,7 @@ def _launch_per_block(w, b, sfb, min_amax_f32, pow2_scale: bool, cupy) -> None:
     kern = _jit.get_kernel(_HEADER, kernel_name("per_block", w.dtype.name, pow2_scale))
     args = (w3, b, sfb, np.uint32(n), np.uint32(k), np.uint32(nb), np.uint32(kb),
             np.int64(batch_stride), np.int64(row_stride), min_amax_f32)
-    kern((tiles,), (_THREADS,), args)
+    _launch.Launcher(kern, (tiles,), (_THREADS,), args)()
 
 
 # ----------------------------------------------------------------------------
@@ -343,8 +350,26 @@ def per_block_cast_to_fp8(w, *, min_amax: float = 1e-4, pow2_scale: bool = False
     return (b[0], sfb[0]) if squeeze else (b, sfb)
 
 
-def gemm_fp8(a, b, out=None, *, pow2_scale: bool = False):
+def gemm_fp8(a, b, out=None, *, pow2_scale: bool = False, workspace=None):
     """One-call FP8 GEMM: ``out = a @ b^T`` in bfloat16, quantising as needed.
+
+    With float activations ``a`` and already quantised weights ``b`` (the
+    decode case: ``gemm_fp8(x, (b, sfb), out)``) this is the **fused
+    bf16-in path**: ``a`` is quantised 1x128 by the per-token kernel into a
+    workspace, and the GEMM is launched as its programmatic dependent
+    (``cuLaunchKernelEx`` with programmatic stream serialization, whatever
+    :func:`cugemm8.set_pdl` says): it starts while the quantiser runs, its
+    producer streams the first ``stages`` K blocks of B (the weights, which
+    the quantiser does not write) before ``griddepcontrol.wait``, and only A
+    and its scales wait for the quantiser.  The quantised activations
+    (``m * k`` bytes plus scales) stay in L2 between the two kernels.  The
+    output is bit-identical to ``per_token_cast_to_fp8(a)`` followed by
+    :func:`cugemm8.gemm_fp8_fp8_bf16_nt` (same kernels, same configuration;
+    only the launch overlap differs).  Why not one kernel: at M = 64 every
+    CTA would quantise its whole 64-row A block, about 16 us of float64
+    conversions per CTA at 64x4096x7168 against a 13 us GEMM (the exact
+    per-token division costs one F2F per element, 16/clk/SM on sm_90:
+    benches/RESULTS.md v0.9).
 
     Any ``m``, ``n`` and ``k`` work for float inputs (the common unaligned
     research case, e.g. 1000 x 1000 x 1000): ``k`` is zero-padded to a
@@ -366,6 +391,16 @@ def gemm_fp8(a, b, out=None, *, pow2_scale: bool = False):
         out: optional bfloat16 ``[m, n]`` output; allocated when None.
         pow2_scale: power-of-two scales for the operands quantised here
             (keyword-only).
+        workspace: fused path only (float ``a``, quantised ``b``): a CuPy
+            uint8 1-D C-contiguous array of at least
+            :func:`gemm_fp8_workspace_bytes` ``(m, k)`` bytes, 16-byte
+            aligned, on the current device, overlapping no operand, that
+            receives the quantised ``a`` (keyword-only).  When None, a
+            temporary is allocated per call.  Needed under CUDA-graph capture
+            (keep it alive as long as the graph, and do not share it between
+            launches that may run concurrently).  A call with a workspace,
+            ``out``, ``k % 16 == 0`` and a contiguous ``sfb`` is cached like
+            the GEMMs' repeated calls.
 
     Returns:
         ``out``, bfloat16 ``[m, n]``.  When ``out`` is None and ``n % 8 != 0``
@@ -374,19 +409,26 @@ def gemm_fp8(a, b, out=None, *, pow2_scale: bool = False):
 
     Quantised temporaries: a float input is quantised into arrays that live
     only for this call, so under CUDA-graph capture such calls are refused
-    (``ValueError``): quantise with the cast functions and keep their outputs
-    alive, then capture :func:`cugemm8.gemm_fp8_fp8_bf16_nt`.
+    (``ValueError``), except on the fused path with a ``workspace``: else
+    quantise with the cast functions and keep their outputs alive, then
+    capture :func:`cugemm8.gemm_fp8_fp8_bf16_nt`.
 
     Raises:
         TypeError: an operand is neither a float CuPy array nor a
             ``(payload, scale)`` pair of CuPy arrays, or has a wrong dtype.
         ValueError: a shape, stride or alignment rule of the quantisers or of
             the GEMM is broken (the message names the argument); a float
-            input (or a padded ``out``) under CUDA-graph capture.
+            input (or a padded ``out``) under CUDA-graph capture without a
+            ``workspace``; a ``workspace`` that is too small, misaligned,
+            not 1-D contiguous, overlapping an operand, or given outside the
+            fused path.
         cugemm8.DeviceError: no usable Hopper GPU.
     """
-    cupy = _device.import_cupy()
     from . import gemm as _gemm  # imported lazily: quant works without the GEMM module
+    key = _fused_key(a, b, out, workspace, pow2_scale, _gemm)
+    if _gemm._launch_cached(key):
+        return out
+    cupy = _device.import_cupy()
     # The GEMM's shape, dtype and layout rules first, so that nothing is
     # quantised (no launch) for a call the GEMM would reject.
     m, k = _operand_shape("a", a, cupy, _gemm)
@@ -415,6 +457,9 @@ def gemm_fp8(a, b, out=None, *, pow2_scale: bool = False):
         arrays.update({"b payload": b[0], "b scale (sfb)": b[1]})
     else:
         arrays["b"] = b
+    fused = not a_pair and b_pair and bool(m and n and k)
+    if workspace is not None:
+        _check_workspace(workspace, m, k, fused, {**arrays, "out": out}, cupy)
     if out is not None:
         if n_gemm == n:
             _gemm._check_out("out", out, (m, n), cupy)
@@ -424,11 +469,15 @@ def gemm_fp8(a, b, out=None, *, pow2_scale: bool = False):
         _gemm._check_placement(out, arrays, cupy)
     else:
         check_on_current_device(arrays, cupy)
-    if not (a_pair and b_pair):
+    if not (a_pair and b_pair) and not (fused and workspace is not None):
         refuse_temporary_under_capture(
             "gemm_fp8 quantises its float operands into temporaries",
+            "pass workspace=cupy.empty(cugemm8.gemm_fp8_workspace_bytes(m, k), dtype=cupy.uint8) "
+            "(kept alive as long as the graph) for float activations with quantised weights, or "
             "quantise before capturing with per_token_cast_to_fp8 / per_block_cast_to_fp8, keep "
             "their outputs alive, and capture gemm_fp8_fp8_bf16_nt on them", cupy)
+    if fused:
+        return _gemm_fp8_fused(a, b, out, workspace, pow2_scale, key, cupy, _gemm)
     lhs = tuple(a) if a_pair else per_token_cast_to_fp8(a, pow2_scale=pow2_scale)
     if b_pair:
         rhs = tuple(b)
@@ -447,6 +496,108 @@ def gemm_fp8(a, b, out=None, *, pow2_scale: bool = False):
     if out is None:
         return full[:, :n]
     out[...] = full[:, :n]
+    return out
+
+
+def gemm_fp8_workspace_bytes(m: int, k: int) -> int:
+    """Bytes of the ``workspace`` that :func:`gemm_fp8`'s fused bf16-in path
+    needs for activations ``[m, k]``.
+
+    Layout (``k_pad = ceil(k/16)*16``, ``kb = ceil(k_pad/128)``,
+    ``m_pad = ceil(m/4)*4``): the e4m3fn payload ``[m, k_pad]`` at byte 0,
+    then, at the next multiple of 256 bytes, the float32 scales
+    ``[kb, m_pad]`` (MN-major, as :func:`per_token_cast_to_fp8` stores them).
+
+    Raises:
+        TypeError: ``m`` or ``k`` not an int.
+        ValueError: ``m`` or ``k`` negative.
+    """
+    for name, v in (("m", m), ("k", k)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+        if v < 0:
+            raise ValueError(f"{name} must be >= 0, got {v}")
+    return _workspace_layout(int(m), int(k))[-1]
+
+
+def _workspace_layout(m: int, k: int) -> tuple:
+    """``(k_pad, kb, m_pad, sfa_offset, total_bytes)`` of the fused path's workspace."""
+    kp = padded_k(k)
+    kb, m_pad = -(-kp // _GROUP), -(-m // 4) * 4
+    off = -(-(m * kp) // 256) * 256
+    return kp, kb, m_pad, off, off + kb * m_pad * 4
+
+
+def _check_workspace(ws, m: int, k: int, fused: bool, others: dict, cupy) -> None:
+    if not fused:
+        raise ValueError("workspace is used only by gemm_fp8's fused path (a float array a with a "
+                         "quantised (payload, sfb) pair b and m, n, k > 0); pass workspace=None here")
+    check_device_array("workspace", ws, cupy)
+    if ws.dtype != np.uint8:
+        raise TypeError(f"workspace must be uint8, got dtype {ws.dtype}")
+    if ws.ndim != 1 or not ws.flags.c_contiguous:
+        raise ValueError(f"workspace must be a 1-D C-contiguous array, got shape {ws.shape} "
+                         f"strides {ws.strides}")
+    need = _workspace_layout(m, k)[-1]
+    if ws.size < need:
+        raise ValueError(f"workspace has {ws.size} bytes; a = [m, k] = {[m, k]} needs "
+                         f"gemm_fp8_workspace_bytes({m}, {k}) = {need}")
+    if ws.data.ptr % 16:
+        raise ValueError(f"workspace base address {ws.data.ptr:#x} must be 16-byte aligned (TMA)")
+    check_on_current_device({"workspace": ws}, cupy)
+    from .gemm import _span
+    lo, hi = ws.data.ptr, ws.data.ptr + need
+    for name, x in others.items():
+        if x is None or x.size == 0:
+            continue
+        xlo, xhi = _span(x)
+        if xlo < hi and lo < xhi:
+            raise ValueError(f"workspace overlaps {name} in memory")
+
+
+def _fused_key(a, b, out, workspace, pow2_scale, gemm):
+    """The repeated-call cache key of a fused call that can be cached (a
+    workspace, an out, no copies), else None."""
+    if workspace is None or out is None or not isinstance(b, (tuple, list)) or len(b) != 2:
+        return None
+    try:
+        device = _device.current_device_id()
+        return ("gemm_fp8 fused", device, _device.get_num_sms(device), gemm._sig(a), gemm._sig(b[0]),
+                gemm._sig(b[1]), gemm._sig(out), gemm._sig(workspace), bool(pow2_scale))
+    except Exception:
+        return None
+
+
+def _gemm_fp8_fused(x, b, out, workspace, pow2_scale, key, cupy, gemm):
+    """The fused bf16-in path of :func:`gemm_fp8` (see there): validated
+    float ``x`` [m, k], quantised ``b`` pair, ``m, n, k > 0``."""
+    min_amax_f32 = check_quant_options(1e-4, pow2_scale)
+    xk = _in_place_or_copy(_pad_k("a", x, cupy), cupy)
+    m, kp = xk.shape
+    _, kb, m_pad, off, total = _workspace_layout(m, kp)
+    ws = workspace if workspace is not None else cupy.empty(total, dtype=np.uint8)
+    a_q = ws[:m * kp].reshape(m, kp)
+    sfa_buf = ws[off:total].view(np.float32).reshape(1, kb, m_pad)
+    sfa = sfa_buf[0].T[:m]                       # [m, kb], strides (4, 4 * m_pad)
+    b_q = gemm._as_fp8("b payload", b[0], 2, cupy)
+    sfb = gemm._prepare_sfb(b[1], cupy)
+    n = b_q.shape[0]
+    if out is None:
+        import ml_dtypes
+        out = cupy.empty((m, n), dtype=ml_dtypes.bfloat16)
+    cfg = gemm._select("normal", m, n, kp, 1)
+    # Every descriptor is encoded before the first launch.
+    gemm_launch = gemm._prepare_launch(cfg, "normal", n, kp, 1, m, m, a_q, sfa, b_q, sfb, out, None, 1,
+                                       flags=_FLAG_EARLY_B)
+    quant_launch = _launch_per_token(xk, a_q[None], sfa_buf, min_amax_f32, bool(pow2_scale), cupy,
+                                     launch=False)
+
+    def run():
+        quant_launch()
+        gemm_launch(pdl=True)
+    run()
+    if xk is x and sfb is b[1]:
+        gemm._remember(key, run, False)
     return out
 
 

@@ -1,0 +1,259 @@
+"""CPU tests of programmatic dependent launch (PDL) and the fused bf16-in
+path of ``gemm_fp8`` (issue 19): the opt-in switch, the packing of kernel
+parameters for ``cuLaunchKernelEx``, the fused path's workspace rules and
+launch order, and the griddepcontrol instructions in every kernel's PTX.
+
+No GPU: arrays are CuPy headers over fake addresses (tests/test_validation.py
+``fake``), kernels and tensor-map encoding are stubbed, and nothing is
+launched.  The GPU side (bit-identical results, capture and replay) is
+tests/test_pdl_fused_gpu.py.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import cugemm8
+from cugemm8 import _config, _launch, gemm as _gemm, quant as _quant
+from tests.test_validation import Recorder, _FakeDevice, fake
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+cupy = pytest.importorskip("cupy")
+
+
+@pytest.fixture(autouse=True)
+def pdl_off():
+    cugemm8.set_pdl(False)
+    yield
+    cugemm8.set_pdl(False)
+
+
+# ---------------------------------------------------------------- the switch
+
+def test_set_pdl_takes_a_bool_only():
+    assert cugemm8.get_pdl() is False
+    cugemm8.set_pdl(True)
+    assert cugemm8.get_pdl() is True
+    cugemm8.set_pdl(np.bool_(False))
+    assert cugemm8.get_pdl() is False
+    for bad in (1, 0, "yes", None, 1.0):
+        with pytest.raises(TypeError, match="bool"):
+            cugemm8.set_pdl(bad)
+    assert cugemm8.get_pdl() is False
+
+
+# ---------------------------------------------------------------- cuLaunchKernelEx packing
+
+class _FakeKern:
+    class kernel:
+        ptr = 0x1234
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, grid, block, args, shared_mem=0):
+        self.calls.append((grid, block, args, shared_mem))
+
+
+def test_launcher_uses_cupy_without_pdl_and_packs_every_parameter_for_pdl():
+    pytest.importorskip("cuda.bindings")
+    tmap = np.frombuffer(bytes(range(128)), dtype=np.dtype((np.void, 128)))[0]
+    arr = fake((64,), np.uint8)
+    args = (np.uint32(7), np.uint32(0xFFFFFFFF), np.uint64(0xDEADBEEF00), np.int64(-5),
+            np.float32(1.5), tmap, arr)
+    kern = _FakeKern()
+    launcher = _launch.Launcher(kern, (132,), (384,), args, 1000)
+    launcher()                                    # PDL off: CuPy's launcher, arguments as given
+    assert kern.calls == [((132,), (384,), args, 1000)]
+    ex = _launch._ExLaunch(launcher)              # what a PDL call builds (not launched here)
+    want = [a.tobytes() for a in args[:-1]] + [np.uint64(arr.data.ptr).tobytes()]
+    for i, w in enumerate(want):
+        addr = int(ex.ptrs[i])
+        off = addr - ex.buf.ctypes.data
+        assert addr % 128 == 0
+        assert ex.buf[off:off + len(w)].tobytes() == w
+    assert ex.params == ex.ptrs.ctypes.data
+    assert (ex.cfg.gridDimX, ex.cfg.blockDimX, ex.cfg.sharedMemBytes) == (132, 384, 1000)
+    assert ex.cfg.numAttrs == 1
+    d = _launch._tma._driver()
+    assert ex.cfg.attrs[0].id == d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    assert ex.cfg.attrs[0].value.programmaticStreamSerializationAllowed == 1
+
+
+def test_launcher_rejects_an_unknown_argument_type():
+    pytest.importorskip("cuda.bindings")
+    with pytest.raises(TypeError, match="unsupported kernel argument"):
+        _launch._ExLaunch(_launch.Launcher(_FakeKern(), (1,), (1,), (object(),)))
+
+
+# ---------------------------------------------------------------- workspace
+
+def test_workspace_bytes_layout():
+    # payload m x k_pad, then (at a 256-byte boundary) float32 [kb, m_pad]
+    assert cugemm8.gemm_fp8_workspace_bytes(1, 7168) == 7168 + 56 * 4 * 4
+    assert cugemm8.gemm_fp8_workspace_bytes(3, 1000) == 3072 + 8 * 4 * 4   # 3*1008 -> 3072
+    assert cugemm8.gemm_fp8_workspace_bytes(0, 128) == 0
+    with pytest.raises(TypeError, match="m must be an int"):
+        cugemm8.gemm_fp8_workspace_bytes(1.0, 128)
+    with pytest.raises(ValueError, match="k must be >= 0"):
+        cugemm8.gemm_fp8_workspace_bytes(1, -1)
+
+
+@pytest.fixture()
+def no_launch(monkeypatch):
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    launched = []
+    monkeypatch.setattr(_quant, "_launch_per_token", lambda *a, **k: launched.append("a"))
+    monkeypatch.setattr(_quant, "_launch_per_block", lambda *a, **k: launched.append("b"))
+
+    def stop(*a, **k):
+        raise AssertionError("validation must fail before the configuration is chosen")
+    monkeypatch.setattr(_gemm, "_select", stop)
+    return launched
+
+
+def _weights(n=256, k=512):
+    return fake((n, k), np.uint8), fake((-(-n // 128), -(-k // 128)), np.float32)
+
+
+@pytest.mark.parametrize("case", ["small", "dtype", "2d", "strided", "misaligned", "overlap_x",
+                                  "overlap_out", "not_fused"])
+def test_bad_workspace_is_named_before_any_launch(no_launch, case):
+    m, n, k = 64, 256, 512
+    x, out = fake((m, k), BF16), fake((m, n), BF16)
+    need = cugemm8.gemm_fp8_workspace_bytes(m, k)
+    ws = {"small": lambda: fake((need - 1,), np.uint8),
+          "dtype": lambda: fake((need,), np.float32),
+          "2d": lambda: fake((2, need), np.uint8),
+          "strided": lambda: fake((need,), np.uint8, strides=(2,)),
+          "misaligned": lambda: fake((need,), np.uint8, offset=8),
+          "overlap_x": lambda: x.view(np.uint8).reshape(-1),
+          "overlap_out": lambda: out.view(np.uint8).reshape(-1),
+          "not_fused": lambda: fake((need,), np.uint8)}[case]()
+    b = _weights(n, k) if case != "not_fused" else fake((n, k), BF16)
+    err = TypeError if case == "dtype" else ValueError
+    with pytest.raises(err, match="workspace"):
+        cugemm8.gemm_fp8(x, b, out, workspace=ws)
+    assert no_launch == []
+
+
+def test_fused_path_under_capture_needs_a_workspace(no_launch, monkeypatch):
+    from cugemm8 import _checks
+    monkeypatch.setattr(_checks, "capturing", lambda cupy: True)
+    x, out = fake((8, 512), BF16), fake((8, 256), BF16)
+    with pytest.raises(ValueError, match="gemm_fp8_workspace_bytes"):
+        cugemm8.gemm_fp8(x, _weights(), out)
+    # with one, a K padding (k % 16 != 0) still needs a temporary: refused too
+    with pytest.raises(ValueError, match="zero-pad"):
+        cugemm8.gemm_fp8(fake((8, 500), BF16, strides=(1008, 2)), _weights(k=512), out,
+                         workspace=fake((cugemm8.gemm_fp8_workspace_bytes(8, 500),), np.uint8))
+    assert no_launch == []
+
+
+# ---------------------------------------------------------------- launch order and arguments
+
+class _ExRecorder:
+    """Stands in for _launch._ExLaunch: records PDL launches."""
+    log: list = []
+
+    def __init__(self, launcher):
+        self.launcher = launcher
+
+    def __call__(self):
+        _ExRecorder.log.append(("pdl", self.launcher.args))
+
+
+@pytest.mark.parametrize("m,k", [(1, 7168), (64, 7168), (128, 1536), (5, 1000)])
+def test_fused_path_quantises_into_the_workspace_then_launches_the_gemm_as_its_dependent(monkeypatch, m, k):
+    n = 2112
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    rec = Recorder()
+    from cugemm8 import _device, _jit, _tma
+    monkeypatch.setattr(_tma, "make_descriptor", rec.make_descriptor)
+    monkeypatch.setattr(_jit, "get_kernel", rec.get_kernel)
+    monkeypatch.setattr(_quant, "_device", _FakeDevice(_quant._device))
+    monkeypatch.setattr(_device, "get_num_sms", lambda device_id=None: 132)
+    monkeypatch.setattr(_gemm, "_select",
+                        lambda kind, m_, n_, k_, g: _config.select_config(kind, m_, n_, k_, num_sms=132))
+    order = []
+    real_token = _quant._launch_per_token
+
+    def token(x, a, sfa_buf, *args, **kw):
+        order.append(("quant", x.shape, a.data.ptr, sfa_buf.data.ptr, sfa_buf.shape))
+        launcher = real_token(x, a, sfa_buf, *args, **kw)
+        return lambda: order.append(("quant launch", launcher.grid))
+    monkeypatch.setattr(_quant, "_launch_per_token", token)
+    _ExRecorder.log = order
+    monkeypatch.setattr(_launch, "_ExLaunch", _ExRecorder)
+    kp = -(-k // 16) * 16
+    if kp != k:
+        # the K padding copy runs on the GPU; here the input is already padded
+        monkeypatch.setattr(_quant, "_pad_k", lambda name, x, cupy: fake(x.shape[:-1] + (kp,), BF16))
+    x, out = fake((m, k), BF16), fake((m, n), BF16)
+    ws = fake((cugemm8.gemm_fp8_workspace_bytes(m, k),), np.uint8)
+    _gemm.clear_launch_cache()
+    try:
+        assert cugemm8.gemm_fp8(x, _weights(n, kp), out, workspace=ws) is out
+        kb, m_pad = -(-kp // 128), -(-m // 4) * 4
+        off = -(-(m * kp) // 256) * 256
+        assert order[0] == ("quant", (m, kp), ws.data.ptr, ws.data.ptr + off, (1, kb, m_pad))
+        assert order[1][0] == "quant launch"
+        assert order[2][0] == "pdl"                       # the GEMM: always a programmatic dependent
+        args = order[2][1]
+        assert int(args[0]) == m and int(args[2]) == 1    # shape_m, flags = kFlagEarlyB
+        a_map, sfa_map = rec.maps[0], rec.maps[2]
+        assert a_map[1] == ws.data.ptr and sfa_map[1] == ws.data.ptr + off
+        assert rec.launches == 0                          # nothing went through CuPy's launcher
+    finally:
+        _gemm.clear_launch_cache()
+
+
+def test_fused_repeated_call_is_cached(monkeypatch):
+    m, n, k = 8, 2112, 7168
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    rec = Recorder()
+    from cugemm8 import _device, _jit, _tma
+    monkeypatch.setattr(_tma, "make_descriptor", rec.make_descriptor)
+    monkeypatch.setattr(_jit, "get_kernel", rec.get_kernel)
+    monkeypatch.setattr(_quant, "_device", _FakeDevice(_quant._device))
+    monkeypatch.setattr(_device, "get_num_sms", lambda device_id=None: 132)
+    selected = []
+
+    def select(kind, m_, n_, k_, g):
+        selected.append(kind)
+        return _config.select_config(kind, m_, n_, k_, num_sms=132)
+    monkeypatch.setattr(_gemm, "_select", select)
+    _ExRecorder.log = []
+    monkeypatch.setattr(_launch, "_ExLaunch", _ExRecorder)
+    x, out = fake((m, k), BF16), fake((m, n), BF16)
+    b = _weights(n, k)
+    ws = fake((cugemm8.gemm_fp8_workspace_bytes(m, k),), np.uint8)
+    _gemm.clear_launch_cache()
+    try:
+        cugemm8.gemm_fp8(x, b, out, workspace=ws)
+        cugemm8.gemm_fp8(x, b, out, workspace=ws)
+        assert selected == ["normal"]                 # validated and configured once
+        assert rec.launches == 2                      # the quantiser twice (CuPy launcher, PDL off)
+        assert len(_ExRecorder.log) == 2              # the GEMM twice, as a dependent
+        cugemm8.set_pdl(True)
+        cugemm8.gemm_fp8(x, b, out, workspace=ws)     # now the quantiser is a dependent too
+        assert rec.launches == 2 and len(_ExRecorder.log) == 4
+    finally:
+        _gemm.clear_launch_cache()
+
+
+# ---------------------------------------------------------------- the instructions
+
+@pytest.mark.compile
+def test_every_kernel_waits_before_it_lets_dependents_launch():
+    from cugemm8 import _jit
+    names = _quant.all_kernel_names()
+    rep = _jit.compile_only("quant.cuh", names, sass=False)
+    cfg = _config.select_config("normal", 8, 2112, 7168, num_sms=132)
+    rep_g = _jit.compile_only("fp8_gemm_1d2d.cuh", [_gemm._kernel_name(cfg, 2112, 7168, 0, 1)], sass=False)
+    for ptx, count in ((rep.ptx, len(names)), (rep_g.ptx, 1)):
+        for entry in ptx.split(".entry")[1:]:
+            wait, trigger = entry.find("griddepcontrol.wait"), entry.find("griddepcontrol.launch_dependents")
+            assert 0 <= wait < trigger, "griddepcontrol.wait must precede launch_dependents"
+        assert ptx.count(".entry") == count

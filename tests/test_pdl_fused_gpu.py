@@ -576,3 +576,64 @@ def test_pdl_is_off_in_a_fresh_process():
                          cwd=root, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "False"
+
+
+# ---------------------------------------------------------------- 9. the two forms of the fused path
+
+@contextlib.contextmanager
+def fused_max_m(value):
+    """Force the one-kernel form (a huge value) or the prologue form (0) at any M."""
+    from cugemm8 import quant
+    saved = quant.FUSED_A_MAX_M
+    quant.FUSED_A_MAX_M = value
+    try:
+        yield
+    finally:
+        quant.FUSED_A_MAX_M = saved
+
+
+@pytest.mark.parametrize("form", ["one-kernel", "prologue"])
+@pytest.mark.parametrize("m,n,k", [(1, 2112, 7168), (33, 4096, 7168), (64, 7168, 2048), (128, 4096, 7168),
+                                   (128, 24576, 1536), (96, 520, 1040), (200, 24, 144), (130, 7168, 16384)])
+def test_both_fused_forms_bit_identical_at_any_m(cp, rng, weights, form, m, n, k):
+    """Each form forced where the heuristic would not pick it: the one-kernel
+    form at BLOCK_M = 128 and split-K tiles, several M blocks, N tails and
+    K tails; the prologue form at M = 1."""
+    rhs = weights(n, k)
+    x = randn(cp, seed_of(rng), (m, k))
+    with fused_max_m(1 << 30 if form == "one-kernel" else 0):
+        fused_vs_two_launch(cp, x, rhs, ws=workspace(cp, m, k), what=f"{form} {m}x{n}x{k}")
+
+
+def test_one_kernel_form_reads_a_padded_row_pitch(cp, rng, weights):
+    m, n, k = 17, 2112, 7168
+    rhs = weights(n, k)
+    big = cp.empty((m, k + 64), BF16)
+    big[...] = randn(cp, seed_of(rng), (m, k + 64))
+    x = big[:, :k]                                   # row stride k + 64 elements
+    fused_vs_two_launch(cp, x, rhs, what="padded pitch")
+
+
+@pytest.mark.parametrize("pdl_on", [False, True], ids=["pdl-off", "pdl-on"])
+def test_one_kernel_form_captures_without_a_workspace(cp, rng, weights, pdl_on):
+    m, n, k = 8, 4096, 7168
+    rhs = weights(n, k)
+    x = cp.empty((m, k), BF16)
+    x[...] = randn(cp, seed_of(rng), (m, k))
+    out, full = H.poisoned_out(cp, m, n)
+    with pdl(pdl_on):
+        cugemm8.gemm_fp8(x, rhs, out)                  # eager: compiles, caches the launcher
+        out.view(cp.uint16)[...] = H.POISON_BITS
+        with Capture(cp) as c:
+            cugemm8.gemm_fp8(x, rhs, out)
+    assert_poisoned(cp, full, what="capture must not run the kernel")
+    for replay in range(2):
+        x_new = randn(cp, seed_of(rng), (m, k))
+        x[...] = x_new
+        out.view(cp.uint16)[...] = H.POISON_BITS
+        cp.cuda.Device().synchronize()
+        c.replay()
+        want = cp.empty((m, n), BF16)
+        two_launch(cp, x_new, rhs, want)
+        assert_same_bits(cp, out, want, what=f"replay {replay}")
+        assert H.guards_intact(cp, full, m, n)

@@ -213,7 +213,7 @@ def bench_row(cugemm8, cp, m, n, k, *, args, flush, dg) -> dict:
     x = _bf16_normal(cp, rs, (m, k))
     b, sfb = _weights(cugemm8, cp, rs, n, k)
     ref = _reference(cugemm8, cp, x, b, sfb)
-    outs = {name: _poisoned(cp, m, n) for name in ("fused", "2-launch", "2L+pdl", "fused 1k", "fused pro")}
+    outs = {name: _poisoned(cp, m, n) for name in ("fused", "2-launch", "2L+pdl")}
     paths: dict = {}
     ws = ws_error = None
     try:
@@ -230,32 +230,15 @@ def bench_row(cugemm8, cp, m, n, k, *, args, flush, dg) -> dict:
             cugemm8.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), out)
         return run
 
-    def forced(max_m, out):
-        # Each fused form at any M: FUSED_A_MAX_M is read per call (and is
-        # part of the repeated-call cache key).
-        def run():
-            saved = cugemm8.quant.FUSED_A_MAX_M
-            cugemm8.quant.FUSED_A_MAX_M = max_m
-            try:
-                cugemm8.gemm_fp8(x, (b, sfb), out, workspace=ws)
-            finally:
-                cugemm8.quant.FUSED_A_MAX_M = saved
-        return run
-
     paths["fused"] = Timed(fused, False)
     paths["2-launch"] = Timed(two(outs["2-launch"]), False)
     paths["2L+pdl"] = Timed(two(outs["2L+pdl"]), True)
-    if args.forms:
-        paths["fused 1k"] = Timed(forced(1 << 30, outs["fused 1k"]), False)
-        paths["fused pro"] = Timed(forced(0, outs["fused pro"]), False)
-    for name in [p for p in ("2-launch", "2L+pdl", "fused", "fused 1k", "fused pro") if p in paths]:
+    for name in ("2-launch", "2L+pdl", "fused"):
         if name == "fused" and ws_error is not None:
             paths[name].status = ws_error
             continue
         _check(cugemm8, cp, paths[name], [(lambda o=outs[name]: bf16_to_f64(o, cp), ref)])
     bits = {name: _compare(cp, paths, outs, name, "2-launch") for name in ("fused", "2L+pdl")}
-    forms_bits = {name: _compare(cp, paths, outs, name, "2-launch") for name in ("fused 1k", "fused pro")
-                  if name in paths}
     dg_diff = None
     ours = next((outs[name] for name in ("fused", "2-launch") if paths[name].ok), None)
     if dg is not None:
@@ -273,8 +256,7 @@ def bench_row(cugemm8, cp, m, n, k, *, args, flush, dg) -> dict:
     return {"m": m, "n": n, "k": k, "config": cli.config_string(Shape("normal", m, n, k)), "us": med,
             "spread": {name: common.Timing(p.samples).spread for name, p in paths.items() if p.samples},
             "status": {name: p.status for name, p in paths.items()},
-            "bits_identical": bits, "forms_bits_identical": forms_bits, "dg_diff": dg_diff,
-            "path": "one kernel" if cugemm8.quant._one_kernel_ok(x, False) else "prologue",
+            "bits_identical": bits, "dg_diff": dg_diff,
             "x_2l": _ratio(med.get("2-launch"), med.get("fused")),
             "x_2l_pdl": _ratio(med.get("2L+pdl"), med.get("fused")),
             "x_dg": _ratio(med.get("dg pair"), med.get("fused")),
@@ -454,8 +436,6 @@ def main(argv=None) -> int:
                    help="time DeepGEMM's pair (importable deep_gemm) beside")
     p.add_argument("--quick", action="store_true", help="M 1 and 64, two (N, K), 5 reps, one pass")
     p.add_argument("--json", default=None, metavar="OUT")
-    p.add_argument("--forms", action="store_true",
-                   help="also time both forms of the fused path (one kernel, prologue) at every M")
     args = p.parse_args(argv)
 
     reason = cli.gpu_reason()
@@ -522,18 +502,6 @@ def main(argv=None) -> int:
                 f"targets 2L/fused >= {TARGET_2L}, dg/fused >= {TARGET_DG})",
                 ("M", "N", "K", "config", "fused", "2-launch", "2L+pdl", "DG pair", "2L/fused", "dg/fused",
                  "bits", "dg diff"), [row_cells(r) for r in records])
-    if args.forms:
-        def form_cells(r):
-            p = r["_paths"]
-            fb = r["forms_bits_identical"]
-            return (r["m"], r["n"], r["k"], r["path"], _cell(p.get("fused 1k")), _cell(p.get("fused pro")),
-                    _ratio_cell(_ratio(r["us"].get("fused pro"), r["us"].get("fused 1k"))),
-                    {True: "yes", False: "NO", None: "-"}[fb.get("fused 1k")],
-                    {True: "yes", False: "NO", None: "-"}[fb.get("fused pro")])
-        print_table(f"fused forms (span µs, {timer}): one kernel (kFlagFusedA) vs quantiser prologue + "
-                    f"dependent GEMM, each forced at every M",
-                    ("M", "N", "K", "picked", "1 kernel", "prologue", "pro/1k", "1k bits", "pro bits"),
-                    [form_cells(r) for r in records])
     print_table(f"MLP chain {hidden} -> {inter} -> {hidden} (span µs, {timer}; PDL off / on)",
                 ("M", "2L off", "2L pdl", "off/on", "fused off", "fused pdl", "off/on", "2L off/fused pdl",
                  "2L bits off=on", "fused bits off=on"), [chain_cells(r) for r in chains])

@@ -31,7 +31,6 @@
 #include "ptx/sync.cuh"
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
-#include "quant.cuh"
 #include "scheduler.cuh"
 
 namespace cugemm8 {
@@ -248,22 +247,6 @@ struct GemmTraits {
 // (the grouped schedulers read their layout before the first tile).  Used by
 // the bf16-in path of cugemm8.gemm_fp8, behind its own per-token quantiser.
 constexpr uint32_t kFlagEarlyB = 1u;
-// kFlagFusedA: A arrives as bfloat16 activations (x_bf16, row stride x_ld
-// elements) instead of FP8 through tmap_a / tmap_sfa.  Three "converter"
-// warps of the producer warpgroup (otherwise idle) quantise each stage's
-// BLOCK_M x 128 block of x with the per-token cast's own device functions
-// (quant.cuh: 1x128 amax, exact scale and quotient, min_amax = 1e-4, no
-// power-of-two rounding), so the payload and scales in shared memory are
-// bit-identical to what per_token_cast_kernel would have written and TMA
-// loaded; the math warpgroups are unchanged.  Each converter warp arrives on
-// the stage's full barrier after a proxy fence (its st.shared writes are
-// then visible to WGMMA's async proxy); the producer loads only B.  Normal
-// GEMMs, k % 16 == 0 (SHAPE_K is the true K), 16-byte aligned rows.  Every
-// CTA quantises the A rows of its own tiles, so the cost grows with M:
-// cugemm8/quant.py uses this for decode-sized M only.
-constexpr uint32_t kFlagFusedA = 2u;
-constexpr uint32_t kNumConverterWarps = 3;
-constexpr float kFusedMinAmax = 1e-4f;   // the per-token cast's default min_amax
 
 // Arguments:
 //   shape_m        rows of A / D (normal), m_sum (contiguous) or m_max (masked)
@@ -274,9 +257,7 @@ constexpr float kFusedMinAmax = 1e-4f;   // the per-token cast's default min_ama
 //                  >= shape_m, which are never stored.  A box of M rows moves
 //                  no zero-filled rows through TMA: at M = 1 the 64-row box
 //                  cost up to 1.8x the M = 64 time (benches/RESULTS.md v0.8).
-//   flags          kFlagEarlyB, kFlagFusedA or 0 (above)
-//   x_bf16, x_ld   kFlagFusedA: the bf16 activations [shape_m, SHAPE_K] and
-//                  their row stride in elements (a multiple of 8); else unused
+//   flags          kFlagEarlyB or 0 (above)
 //   sfb            B scales, row-major [num_groups, ceil(N/128), ceil(K/128)] f32
 //   grouped_layout nullptr (normal), m_indices [m_sum] (contiguous) or masked_m [G] (masked), int32
 //   d_ptr, ld_d    D base and row stride in elements (masked partial-tile stores)
@@ -290,8 +271,7 @@ template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N
 __global__ void __launch_bounds__(
     GemmTraits<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, kNumStages, kNumMulticast, kMulticastOnA, kSwizzleDBytes,
                kGemmType, kNumGroups, kNumKSplits>::kNumThreads, 1) __cluster_dims__(kNumMulticast * kNumKSplits, 1, 1)
-fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, const uint8_t* __restrict__ x_bf16,
-                     uint32_t x_ld, const float* __restrict__ sfb, const int32_t* __restrict__ grouped_layout,
+fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, const float* __restrict__ sfb, const int32_t* __restrict__ grouped_layout,
                      uint16_t* __restrict__ d_ptr, uint32_t ld_d,
                      const __grid_constant__ TmaDescriptor tmap_a, const __grid_constant__ TmaDescriptor tmap_b,
                      const __grid_constant__ TmaDescriptor tmap_sfa, const __grid_constant__ TmaDescriptor tmap_d) {
@@ -319,7 +299,6 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
 
   const uint32_t warpgroup = threadIdx.x / 128;
   const uint32_t producer_leader = T::kNumMathThreads;
-  const bool fused_a = kGemmType == kNormal && (flags & kFlagFusedA) != 0;
 
   // Initialise the barriers: a full barrier completes on the producer's one
   // arrival plus tx_bytes(a_box_rows) of TMA data; an empty barrier on one arrival per math
@@ -332,7 +311,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
     tma_prefetch_descriptor(&tmap_sfa);
     tma_prefetch_descriptor(&tmap_d);
     for (uint32_t s = 0; s < kNumStages; ++s) {
-      mbarrier_init(full_bar + s, fused_a ? 1 + kNumConverterWarps : 1);
+      mbarrier_init(full_bar + s, 1);
       mbarrier_init(empty_bar + s, kNumMulticast * T::kConsumerWarps);
     }
     if constexpr (kNumKSplits == 2) {
@@ -409,7 +388,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
     if constexpr (kNumMathWG == 2) setmaxnreg_dec<40>();
     if (threadIdx.x == producer_leader) {
       uint32_t stage = 0, phase = 0;
-      const uint32_t tx_bytes = fused_a ? Smem::kB : T::tx_bytes(a_box_rows);
+      const uint32_t tx_bytes = T::tx_bytes(a_box_rows);
       // Issue B's loads for one K block into `stage` (multicast rules as below).
       auto load_b = [&](uint64_t* bar, uint32_t stage_b, uint32_t kb, int32_t b_row, int32_t b_group) {
         const int32_t k = static_cast<int32_t>(kb * 128);
@@ -458,9 +437,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
             mbarrier_arrive_expect_tx(bar, tx_bytes);
           }
           const int32_t k = static_cast<int32_t>(kb * 128);
-          if (fused_a) {
-            // A and its scales come from the converter warps.
-          } else if constexpr (kNumMulticast == 2 && kMulticastOnA) {
+          if constexpr (kNumMulticast == 2 && kMulticastOnA) {
             if (rank == 0) {
               tma_load_3d_multicast(smem_a(stage), &tmap_a, bar, 0b11, k, a_row, a_group);
               tma_load_3d_multicast(const_cast<float*>(smem_sfa(stage)), &tmap_sfa, bar, 0b11, a_row,
@@ -483,58 +460,6 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
           // The compiler's unrolling: 0.3-1.2 % faster at 256x128 than none
           // (benches/RESULTS.md, v0.5).
           for (uint32_t kb = 0; kb < kNumKBlocks; ++kb) load_block(kb);
-        }
-      }
-    }
-    if (fused_a && threadIdx.x >= producer_leader + 32) {
-      // -------------------------------------------------------------- converters
-      // kFlagFusedA (above): the same tiles and K blocks as the producer.
-      // A warp quantises two rows per step: lanes 0-15 one row's 128
-      // columns, lanes 16-31 the next (16 bytes of bf16 each, the per-token
-      // cast's kLanesPerGroup = 16 and its butterfly).
-      using Q = quant::InTraits<InDtype::kBFloat16>;
-      const uint32_t cw = threadIdx.x / 32 - producer_leader / 32 - 1;   // 0 .. kNumConverterWarps - 1
-      const uint32_t lane = threadIdx.x % 32, half = lane / 16, l16 = lane % 16;
-      uint32_t stage = 0, phase = 0;
-      while (scheduler.next(tile)) {
-        const uint32_t m0 = tile.m_block * BLOCK_M;
-        const uint32_t rows = constexpr_min(BLOCK_M, shape_m - m0);
-        #pragma unroll 1
-        for (uint32_t kb = kb_begin; kb < kb_begin + kb_count; ++kb) {
-          mbarrier_wait(empty_bar + stage, phase ^ 1);
-          const uint32_t a_s = smem_addr(smem_a(stage));
-          float* sfa_s = const_cast<float*>(smem_sfa(stage));
-          const uint32_t col = kb * 128 + l16 * Q::kVec;
-          #pragma unroll 1
-          for (uint32_t pair = cw; pair * 2 < rows; pair += kNumConverterWarps) {
-            const uint32_t r = pair * 2 + half;
-            uint32_t raw[4] = {0u, 0u, 0u, 0u};
-            if (r < rows && col < SHAPE_K) {
-              quant::ld_global_nc_v4(raw, x_bf16 + (static_cast<uint64_t>(m0 + r) * x_ld + col) * 2u);
-            }
-            uint32_t amax = quant::abs_max_bits<InDtype::kBFloat16>(raw, 0u);
-            #pragma unroll
-            for (uint32_t off = 8; off > 0; off /= 2) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-            const float scale = quant::amax_to_scale<false>(
-                quant::abs_bits_to_f32_bits<InDtype::kBFloat16>(amax), kFusedMinAmax);
-            uint32_t q[2];
-            if (__float_as_uint(scale) < 0x7f800000u) {
-              quant::quantize<InDtype::kBFloat16>(raw, quant::scaled_reciprocal(scale), q);
-            } else {
-              quant::quantize_nonfinite<InDtype::kBFloat16>(raw, scale, q);
-            }
-            if (r < rows) {
-              // The 128-byte swizzle TMA would have applied: 16-byte chunk
-              // c of row r lands at chunk c ^ (r % 8).
-              const uint32_t off = r * 128u + (((l16 / 2u) ^ (r % 8u)) << 4) + (l16 % 2u) * 8u;
-              asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(a_s + off), "r"(q[0]), "r"(q[1]) : "memory");
-              if (l16 == 0) sfa_s[r] = scale;
-            }
-          }
-          fence_proxy_async_smem();   // the writes above, to WGMMA's async proxy
-          __syncwarp();
-          if (lane == 0) mbarrier_arrive(full_bar + stage);
-          if (++stage == kNumStages) stage = 0, phase ^= 1;
         }
       }
     }

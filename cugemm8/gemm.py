@@ -272,7 +272,7 @@ def _map_stride(x, dim: int, packed: int) -> int:
 
 
 def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: int, rows: int,
-                    a, sfa, b, sfb, out, layout, groups_a: int, flags: int = 0, x=None):
+                    a, sfa, b, sfb, out, layout, groups_a: int, flags: int = 0):
     """Encode descriptors; return a :class:`cugemm8._launch.Launcher` (it
     launches on CuPy's current stream at call time, as a programmatic
     dependent launch when :func:`cugemm8.set_pdl` is on or it is called with
@@ -281,33 +281,26 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
     ``rows`` is the per-group row extent of A / SFA / D (m, m_sum or m_max)
     and ``groups_a`` their group count (1 unless masked); ``flags`` the
     kernel's flag bits (``kFlagEarlyB``: only behind a cugemm8 kernel that
-    writes neither B nor SFB; ``kFlagFusedA``: ``x`` is the bf16 activations
-    and ``a`` / ``sfa`` are None; see :func:`cugemm8.quant.gemm_fp8`).
+    writes neither B nor SFB, see :func:`cugemm8.quant.gemm_fp8`).
     """
     kb = -(-k // 128)
     name = _kernel_name(cfg, n, k, _GEMM_TYPE[kind], num_groups)
     kern = _jit.get_kernel(_HEADER, name, max_dynamic_smem=cfg.smem_bytes)
 
+    a_row = _map_stride(a, -2, k)
+    a_grp = _map_stride(a, 0, a_row * rows) if a.ndim == 3 else _map_stride(None, 0, a_row * rows)
     box_m = a_box_rows(rows, cfg.block_m)
-    if x is None:
-        a_row = _map_stride(a, -2, k)
-        a_grp = _map_stride(a, 0, a_row * rows) if a.ndim == 3 else _map_stride(None, 0, a_row * rows)
-        tmap_a = _tma.make_descriptor("u8", a.data.ptr, (k, rows, groups_a), (a_row, a_grp),
-                                      (128, box_m, 1), swizzle=128)
+    tmap_a = _tma.make_descriptor("u8", a.data.ptr, (k, rows, groups_a), (a_row, a_grp),
+                                  (128, box_m, 1), swizzle=128)
     b_row = _map_stride(b, -2, k)
     b_grp = _map_stride(b, 0, b_row * n) if b.ndim == 3 else _map_stride(None, 0, b_row * n)
     tmap_b = _tma.make_descriptor("u8", b.data.ptr, (k, n, num_groups if b.ndim == 3 else 1),
                                   (b_row, b_grp), (128, cfg.block_n, 1), swizzle=128)
-    if x is None:
-        m_pad = sfa.strides[-1] // 4 if kb > 1 else -(-rows // 4) * 4
-        s_grp = _map_stride(sfa, 0, m_pad * kb * 4) if sfa.ndim == 3 else _map_stride(None, 0, m_pad * kb * 4)
-        tmap_sfa = _tma.make_descriptor("f32", sfa.data.ptr, (rows, kb, groups_a),
-                                        (m_pad * 4, s_grp), (-(-box_m // 4) * 4, 1, 1),
-                                        swizzle=0, l2_256=False)
-    else:
-        # kFlagFusedA: the kernel never loads A or SFA through a map (it
-        # only prefetches them); B's stands in for both.
-        tmap_a = tmap_sfa = tmap_b
+    m_pad = sfa.strides[-1] // 4 if kb > 1 else -(-rows // 4) * 4
+    s_grp = _map_stride(sfa, 0, m_pad * kb * 4) if sfa.ndim == 3 else _map_stride(None, 0, m_pad * kb * 4)
+    tmap_sfa = _tma.make_descriptor("f32", sfa.data.ptr, (rows, kb, groups_a),
+                                    (m_pad * 4, s_grp), (-(-box_m // 4) * 4, 1, 1),
+                                    swizzle=0, l2_256=False)
     if out.ndim == 3 and out.shape[-2] == 1 and out.shape[0] > 1:
         # One row per group: the kernel's row stride is the group stride.
         d_row = out.strides[0]
@@ -321,9 +314,7 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
     threads = 128 * (cfg.num_math_warpgroups + 1)
     # Raw device addresses, not the arrays: a cached launcher (see _fast_key)
     # must not keep the caller's memory alive.
-    x_ptr, x_ld = (x.data.ptr, x.strides[0] // 2 if x.shape[0] > 1 else k) if x is not None else (0, 0)
-    args = (np.uint32(shape_m), np.uint32(box_m), np.uint32(flags), np.uint64(x_ptr), np.uint32(x_ld),
-            np.uint64(sfb.data.ptr),
+    args = (np.uint32(shape_m), np.uint32(box_m), np.uint32(flags), np.uint64(sfb.data.ptr),
             np.uint64(layout.data.ptr) if layout is not None else _NULL, np.uint64(out.data.ptr),
             np.uint32(d_row // 2), tmap_a, tmap_b, tmap_sfa, tmap_d)
     return Launcher(kern, (cfg.num_sms,), (threads,), args, cfg.smem_bytes)

@@ -45,11 +45,6 @@ _E4M3_MAX = 448.0
 _INT32_MAX = 2 ** 31 - 1
 _IN_DTYPES = {"float32": "kFloat32", "float16": "kFloat16", "bfloat16": "kBFloat16"}
 _FLAG_EARLY_B = 1                  # fp8_gemm_1d2d.cuh kFlagEarlyB
-_FLAG_FUSED_A = 2                  # fp8_gemm_1d2d.cuh kFlagFusedA
-#: gemm_fp8's fused path quantises A inside the GEMM up to this many rows
-#: (every CTA converts its own rows: the cost grows with M), and runs the
-#: quantiser as an overlapped prologue above it (benches/RESULTS.md v0.9).
-FUSED_A_MAX_M = 32
 
 __all__ = ["per_token_cast_to_fp8", "per_block_cast_to_fp8", "gemm_fp8", "gemm_fp8_workspace_bytes",
            "MIN_AMAX_FLOOR"]
@@ -360,30 +355,21 @@ def gemm_fp8(a, b, out=None, *, pow2_scale: bool = False, workspace=None):
 
     With float activations ``a`` and already quantised weights ``b`` (the
     decode case: ``gemm_fp8(x, (b, sfb), out)``) this is the **fused
-    bf16-in path**, bit-identical to ``per_token_cast_to_fp8(a)`` followed by
-    :func:`cugemm8.gemm_fp8_fp8_bf16_nt` (the same quantisation functions,
-    the same GEMM configuration), in one of two forms:
-
-    * **One kernel** when ``a`` is bfloat16 with ``m <= FUSED_A_MAX_M``
-      (32), ``k % 16 == 0``, rows readable in place (16-byte aligned, positive
-      row stride) and ``pow2_scale`` is False: three otherwise idle warps of
-      the GEMM's producer warpgroup quantise each stage's rows of ``a``
-      straight into the shared-memory layout TMA would have written
-      (``kFlagFusedA`` in ``cuda_src/fp8_gemm_1d2d.cuh``).  No workspace,
-      no second launch; captures in CUDA graphs like the GEMM.
-    * **A prologue and its programmatic dependent** otherwise: the per-token
-      kernel quantises ``a`` into a workspace and the GEMM is launched as its
-      programmatic dependent (``cuLaunchKernelEx`` with programmatic stream
-      serialization, whatever :func:`cugemm8.set_pdl` says); it starts
-      while the quantiser runs, its producer streams the first ``stages`` K
-      blocks of B (which the quantiser does not write) before
-      ``griddepcontrol.wait`` (``kFlagEarlyB``), and only A and its scales
-      wait for the quantiser.  The quantised activations (``m * k`` bytes
-      plus scales) stay in L2 between the two kernels.  Above 32 rows the
-      in-kernel form would cost more than it saves: every CTA quantises its
-      whole A block, with one float64-to-float32 conversion per element (16
-      per clock per SM on sm_90), about 16 us per CTA at 64x4096x7168
-      against a 13 us GEMM (benches/RESULTS.md v0.9).
+    bf16-in path**: ``a`` is quantised 1x128 by the per-token kernel into a
+    workspace, and the GEMM is launched as its programmatic dependent
+    (``cuLaunchKernelEx`` with programmatic stream serialization, whatever
+    :func:`cugemm8.set_pdl` says): it starts while the quantiser runs, its
+    producer streams the first ``stages`` K blocks of B (the weights, which
+    the quantiser does not write) before ``griddepcontrol.wait``, and only A
+    and its scales wait for the quantiser.  The quantised activations
+    (``m * k`` bytes plus scales) stay in L2 between the two kernels.  The
+    output is bit-identical to ``per_token_cast_to_fp8(a)`` followed by
+    :func:`cugemm8.gemm_fp8_fp8_bf16_nt` (same kernels, same configuration;
+    only the launch overlap differs).  Why not one kernel: at M = 64 every
+    CTA would quantise its whole 64-row A block, about 16 us of float64
+    conversions per CTA at 64x4096x7168 against a 13 us GEMM (the exact
+    per-token division costs one F2F per element, 16/clk/SM on sm_90:
+    benches/RESULTS.md v0.9).
 
     Any ``m``, ``n`` and ``k`` work for float inputs (the common unaligned
     research case, e.g. 1000 x 1000 x 1000): ``k`` is zero-padded to a
@@ -405,8 +391,7 @@ def gemm_fp8(a, b, out=None, *, pow2_scale: bool = False, workspace=None):
         out: optional bfloat16 ``[m, n]`` output; allocated when None.
         pow2_scale: power-of-two scales for the operands quantised here
             (keyword-only).
-        workspace: fused prologue path only (float ``a``, quantised ``b``;
-            accepted and unused when the one-kernel form runs): a CuPy
+        workspace: fused path only (float ``a``, quantised ``b``): a CuPy
             uint8 1-D C-contiguous array of at least
             :func:`gemm_fp8_workspace_bytes` ``(m, k)`` bytes, 16-byte
             aligned, on the current device, overlapping no operand, that
@@ -473,7 +458,6 @@ def gemm_fp8(a, b, out=None, *, pow2_scale: bool = False, workspace=None):
     else:
         arrays["b"] = b
     fused = not a_pair and b_pair and bool(m and n and k)
-    one_kernel = fused and _one_kernel_ok(a, pow2_scale)
     if workspace is not None:
         _check_workspace(workspace, m, k, fused, {**arrays, "out": out}, cupy)
     if out is not None:
@@ -485,7 +469,7 @@ def gemm_fp8(a, b, out=None, *, pow2_scale: bool = False, workspace=None):
         _gemm._check_placement(out, arrays, cupy)
     else:
         check_on_current_device(arrays, cupy)
-    if not (a_pair and b_pair) and not (fused and (workspace is not None or one_kernel)):
+    if not (a_pair and b_pair) and not (fused and workspace is not None):
         refuse_temporary_under_capture(
             "gemm_fp8 quantises its float operands into temporaries",
             "pass workspace=cupy.empty(cugemm8.gemm_fp8_workspace_bytes(m, k), dtype=cupy.uint8) "
@@ -493,7 +477,7 @@ def gemm_fp8(a, b, out=None, *, pow2_scale: bool = False, workspace=None):
             "quantise before capturing with per_token_cast_to_fp8 / per_block_cast_to_fp8, keep "
             "their outputs alive, and capture gemm_fp8_fp8_bf16_nt on them", cupy)
     if fused:
-        return _gemm_fp8_fused(a, b, out, workspace, pow2_scale, one_kernel, key, cupy, _gemm)
+        return _gemm_fp8_fused(a, b, out, workspace, pow2_scale, key, cupy, _gemm)
     lhs = tuple(a) if a_pair else per_token_cast_to_fp8(a, pow2_scale=pow2_scale)
     if b_pair:
         rhs = tuple(b)
@@ -571,48 +555,22 @@ def _check_workspace(ws, m: int, k: int, fused: bool, others: dict, cupy) -> Non
             raise ValueError(f"workspace overlaps {name} in memory")
 
 
-def _one_kernel_ok(x, pow2_scale) -> bool:
-    """Whether the fused path quantises ``x`` inside the GEMM (see
-    :func:`gemm_fp8`): bfloat16, at most FUSED_A_MAX_M rows, k % 16 == 0,
-    rows readable in place with a positive stride below 2^32 elements, no
-    power-of-two scales."""
-    m, k = x.shape
-    return (x.dtype.name == "bfloat16" and not pow2_scale and m <= FUSED_A_MAX_M and k % 16 == 0
-            and _readable_in_place(x) and (m == 1 or 0 < x.strides[0] < 2 ** 33))
-
-
 def _fused_key(a, b, out, workspace, pow2_scale, gemm):
-    """The repeated-call cache key of a fused call that may be cached (an
-    ``out`` given; the call itself decides whether it is remembered), else
-    None."""
-    if out is None or not isinstance(b, (tuple, list)) or len(b) != 2:
+    """The repeated-call cache key of a fused call that can be cached (a
+    workspace, an out, no copies), else None."""
+    if workspace is None or out is None or not isinstance(b, (tuple, list)) or len(b) != 2:
         return None
     try:
         device = _device.current_device_id()
-        return ("gemm_fp8 fused", device, _device.get_num_sms(device), FUSED_A_MAX_M, gemm._sig(a),
-                gemm._sig(b[0]), gemm._sig(b[1]), gemm._sig(out),
-                None if workspace is None else gemm._sig(workspace), bool(pow2_scale))
+        return ("gemm_fp8 fused", device, _device.get_num_sms(device), gemm._sig(a), gemm._sig(b[0]),
+                gemm._sig(b[1]), gemm._sig(out), gemm._sig(workspace), bool(pow2_scale))
     except Exception:
         return None
 
 
-def _gemm_fp8_fused(x, b, out, workspace, pow2_scale, one_kernel, key, cupy, gemm):
+def _gemm_fp8_fused(x, b, out, workspace, pow2_scale, key, cupy, gemm):
     """The fused bf16-in path of :func:`gemm_fp8` (see there): validated
     float ``x`` [m, k], quantised ``b`` pair, ``m, n, k > 0``."""
-    if one_kernel:
-        b_q = gemm._as_fp8("b payload", b[0], 2, cupy)
-        sfb = gemm._prepare_sfb(b[1], cupy)
-        m, k = x.shape
-        n = b_q.shape[0]
-        if out is None:
-            import ml_dtypes
-            out = cupy.empty((m, n), dtype=ml_dtypes.bfloat16)
-        cfg = gemm._select("normal", m, n, k, 1)
-        launcher = gemm._prepare_launch(cfg, "normal", n, k, 1, m, m, None, None, b_q, sfb, out, None, 1,
-                                        flags=_FLAG_FUSED_A, x=x)
-        launcher()
-        gemm._remember(key, launcher, sfb is not b[1])
-        return out
     min_amax_f32 = check_quant_options(1e-4, pow2_scale)
     xk = _in_place_or_copy(_pad_k("a", x, cupy), cupy)
     m, kp = xk.shape
@@ -638,7 +596,8 @@ def _gemm_fp8_fused(x, b, out, workspace, pow2_scale, one_kernel, key, cupy, gem
         quant_launch()
         gemm_launch(pdl=True)
     run()
-    gemm._remember(key, run, workspace is None or xk is not x or sfb is not b[1])
+    if xk is x and sfb is b[1]:
+        gemm._remember(key, run, False)
     return out
 
 

@@ -342,7 +342,7 @@ def test_masked_single_row_groups_use_the_group_stride(recorder):
     big = fake((4, 64, 256), BF16)
     d["out"] = big[:, :1, :]
     call_masked(**d)
-    ld_d = int(recorder.args[8])     # (shape_m, a_box_rows, flags, x, x_ld, sfb, layout, d_ptr, ld_d, maps...)
+    ld_d = int(recorder.args[6])     # (shape_m, a_box_rows, flags, sfb, layout, d_ptr, ld_d, maps...)
     assert ld_d * 2 == d["out"].strides[0]
     d_map = recorder.maps[-1]
     assert d_map[0] == "bf16" and d_map[3] == (d["out"].strides[0], d["out"].strides[0])

@@ -365,11 +365,14 @@ def gemm_fp8(a, b, out=None, *, pow2_scale: bool = False, workspace=None):
     (``m * k`` bytes plus scales) stay in L2 between the two kernels.  The
     output is bit-identical to ``per_token_cast_to_fp8(a)`` followed by
     :func:`cugemm8.gemm_fp8_fp8_bf16_nt` (same kernels, same configuration;
-    only the launch overlap differs).  Why not one kernel: at M = 64 every
-    CTA would quantise its whole 64-row A block, about 16 us of float64
-    conversions per CTA at 64x4096x7168 against a 13 us GEMM (the exact
-    per-token division costs one F2F per element, 16/clk/SM on sm_90:
-    benches/RESULTS.md v0.9).
+    only the launch overlap differs).  Measured on the H200
+    (``benches/bench_e2e.py``, benches/RESULTS.md v0.9): 1.02-1.18x the
+    span of the two-launch path, 1.9-4.2x DeepGEMM's cast + GEMM pair, and
+    the same as the two launches with :func:`cugemm8.set_pdl` on (0.95-1.05x).
+    A one-kernel form (idle producer warps quantising each stage in the GEMM)
+    was built, bit-identical, and rejected: 2.3-40x slower, each stage's
+    conversion being a serial load -> float64 -> store chain, and every CTA
+    converting its whole A block.
 
     Any ``m``, ``n`` and ``k`` work for float inputs (the common unaligned
     research case, e.g. 1000 x 1000 x 1000): ``k`` is zero-padded to a

@@ -67,12 +67,8 @@ def sweep_candidates(shape: Shape, num_sms: int) -> list:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ms", default=",".join(map(str, DECODE_MS)))
-    p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--passes", type=int, default=2)
-    p.add_argument("--deepgemm", action="store_true", help="time DeepGEMM (importable deep_gemm) beside")
+    common.add_run_args(p, DECODE_MS, dg_help="time DeepGEMM (importable deep_gemm) beside")
     p.add_argument("--sweep", default="", help="M values at which to time forced configs too")
-    p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
     from cugemm8 import _device, _jit, gemm as G

@@ -428,14 +428,10 @@ def _precompile(cugemm8, shapes) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ms", default=",".join(map(str, E2E_MS)), help="M values of table 1")
+    common.add_run_args(p, E2E_MS, ms_help="M values of table 1",
+                        dg_help="time DeepGEMM's pair (importable deep_gemm) beside")
     p.add_argument("--chain-ms", default=",".join(map(str, CHAIN_MS)), help="M values of the MLP chain")
-    p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--passes", type=int, default=2)
-    p.add_argument("--deepgemm", action="store_true",
-                   help="time DeepGEMM's pair (importable deep_gemm) beside")
     p.add_argument("--quick", action="store_true", help="M 1 and 64, two (N, K), 5 reps, one pass")
-    p.add_argument("--json", default=None, metavar="OUT")
     args = p.parse_args(argv)
 
     reason = cli.gpu_reason()

@@ -357,3 +357,13 @@ def release_memory() -> None:
     torch, _ = _torch_state.get("result", (None, None))
     if torch is not None:
         torch.cuda.empty_cache()
+
+
+def add_run_args(parser, ms_default, *, ms_help: str = "M values", dg_help: str = "time DeepGEMM beside") -> None:
+    """The options every same-run bench shares: ``--ms``, ``--reps``,
+    ``--passes``, ``--deepgemm`` and ``--json``."""
+    parser.add_argument("--ms", default=",".join(map(str, ms_default)), help=ms_help)
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--passes", type=int, default=2)
+    parser.add_argument("--deepgemm", action="store_true", help=dg_help)
+    parser.add_argument("--json", default=None, metavar="OUT")

@@ -186,14 +186,23 @@ def _span(x):
     return lo, hi + x.itemsize
 
 
-def _check_no_alias(out, inputs: dict):
-    olo, ohi = _span(out)
-    for name, x in inputs.items():
+def _first_overlap(span: tuple, arrays: dict):
+    """The name of the first array in ``arrays`` whose bytes meet the byte
+    range ``span`` = [lo, hi), or None."""
+    lo, hi = span
+    for name, x in arrays.items():
         if x is None or x.size == 0:
             continue
-        lo, hi = _span(x)
-        if lo < ohi and olo < hi:
-            raise ValueError(f"out overlaps {name} in memory; the output must not alias an input")
+        xlo, xhi = _span(x)
+        if xlo < hi and lo < xhi:
+            return name
+    return None
+
+
+def _check_no_alias(out, inputs: dict):
+    name = _first_overlap(_span(out), inputs)
+    if name is not None:
+        raise ValueError(f"out overlaps {name} in memory; the output must not alias an input")
 
 
 def _pair(name: str, pair):

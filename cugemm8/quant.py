@@ -548,14 +548,10 @@ def _check_workspace(ws, m: int, k: int, fused: bool, others: dict, cupy) -> Non
     if ws.data.ptr % 16:
         raise ValueError(f"workspace base address {ws.data.ptr:#x} must be 16-byte aligned (TMA)")
     check_on_current_device({"workspace": ws}, cupy)
-    from .gemm import _span
-    lo, hi = ws.data.ptr, ws.data.ptr + need
-    for name, x in others.items():
-        if x is None or x.size == 0:
-            continue
-        xlo, xhi = _span(x)
-        if xlo < hi and lo < xhi:
-            raise ValueError(f"workspace overlaps {name} in memory")
+    from .gemm import _first_overlap
+    name = _first_overlap((ws.data.ptr, ws.data.ptr + need), others)
+    if name is not None:
+        raise ValueError(f"workspace overlaps {name} in memory")
 
 
 def _fused_key(a, b, out, workspace, pow2_scale, gemm):

@@ -164,9 +164,8 @@ class _ExRecorder:
         _ExRecorder.log.append(("pdl", self.launcher.args))
 
 
-@pytest.mark.parametrize("m,k", [(1, 7168), (64, 7168), (128, 1536), (5, 1000)])
-def test_fused_path_quantises_into_the_workspace_then_launches_the_gemm_as_its_dependent(monkeypatch, m, k):
-    n = 2112
+def _stub_gemm_launches(monkeypatch):
+    """Fake device, kernels and tensor maps: returns the Recorder."""
     monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
     rec = Recorder()
     from cugemm8 import _device, _jit, _tma
@@ -174,6 +173,13 @@ def test_fused_path_quantises_into_the_workspace_then_launches_the_gemm_as_its_d
     monkeypatch.setattr(_jit, "get_kernel", rec.get_kernel)
     monkeypatch.setattr(_quant, "_device", _FakeDevice(_quant._device))
     monkeypatch.setattr(_device, "get_num_sms", lambda device_id=None: 132)
+    return rec
+
+
+@pytest.mark.parametrize("m,k", [(1, 7168), (64, 7168), (128, 1536), (5, 1000)])
+def test_fused_path_quantises_into_the_workspace_then_launches_the_gemm_as_its_dependent(monkeypatch, m, k):
+    n = 2112
+    rec = _stub_gemm_launches(monkeypatch)
     monkeypatch.setattr(_gemm, "_select",
                         lambda kind, m_, n_, k_, g: _config.select_config(kind, m_, n_, k_, num_sms=132))
     order = []
@@ -211,13 +217,7 @@ def test_fused_path_quantises_into_the_workspace_then_launches_the_gemm_as_its_d
 
 def test_fused_repeated_call_is_cached(monkeypatch):
     m, n, k = 8, 2112, 7168
-    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
-    rec = Recorder()
-    from cugemm8 import _device, _jit, _tma
-    monkeypatch.setattr(_tma, "make_descriptor", rec.make_descriptor)
-    monkeypatch.setattr(_jit, "get_kernel", rec.get_kernel)
-    monkeypatch.setattr(_quant, "_device", _FakeDevice(_quant._device))
-    monkeypatch.setattr(_device, "get_num_sms", lambda device_id=None: 132)
+    rec = _stub_gemm_launches(monkeypatch)
     selected = []
 
     def select(kind, m_, n_, k_, g):

@@ -100,8 +100,8 @@ class Launcher:
 
 class _ExLaunch:
     """The ``cuLaunchKernelEx`` form of a :class:`Launcher`: parameters packed
-    into 128-byte slots of one host buffer, the config and its PDL attribute
-    built once; only the stream is set per call."""
+    into 128-byte slots of one host buffer, and one launch config (with the
+    PDL attribute) per stream, built on first use."""
 
     def __init__(self, launcher: Launcher):
         d = _tma._driver()
@@ -117,30 +117,38 @@ class _ExLaunch:
             raw[off:off + len(b)] = np.frombuffer(b, dtype=np.uint8)
             self.ptrs[i] = raw.ctypes.data + off
         self.params = self.ptrs.ctypes.data
-        func = launcher.kern.kernel.ptr
-        self.func = d.CUfunction(func)
+        self.func = d.CUfunction(launcher.kern.kernel.ptr)
+        self.dims = ((tuple(launcher.grid) + (1, 1))[:3], (tuple(launcher.block) + (1, 1))[:3])
+        self.smem = launcher.smem
+        self.cfgs: dict = {}          # stream address -> its launch config (never mutated once built)
+
+    def _config(self, stream_ptr: int):
+        d = self.d
         cfg = d.CUlaunchConfig()
-        gx, gy, gz = (tuple(launcher.grid) + (1, 1))[:3]
-        bx, by, bz = (tuple(launcher.block) + (1, 1))[:3]
+        (gx, gy, gz), (bx, by, bz) = self.dims
         cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = gx, gy, gz
         cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = bx, by, bz
-        cfg.sharedMemBytes = launcher.smem
+        cfg.sharedMemBytes = self.smem
+        cfg.hStream = d.CUstream(stream_ptr)
         attr = d.CUlaunchAttribute()
         attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
         attr.value.programmaticStreamSerializationAllowed = 1
         cfg.attrs = [attr]
         cfg.numAttrs = 1
-        self.cfg = cfg
-        self.stream_ptr = None
+        return cfg
 
     def __call__(self) -> None:
         import cupy
         d = self.d
         ptr = cupy.cuda.get_current_stream().ptr
-        if ptr != self.stream_ptr:
-            self.cfg.hStream = d.CUstream(ptr)
-            self.stream_ptr = ptr
-        err, = d.cuLaunchKernelEx(self.cfg, self.func, self.params, 0)
+        cfg = self.cfgs.get(ptr)
+        if cfg is None:
+            # One config per stream, so that threads launching the same
+            # cached launcher on different streams never share a mutable one.
+            if len(self.cfgs) >= 64:
+                self.cfgs = {}
+            cfg = self.cfgs[ptr] = self._config(ptr)
+        err, = d.cuLaunchKernelEx(cfg, self.func, self.params, 0)
         if err != d.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"cuLaunchKernelEx failed with {err!r}")
 

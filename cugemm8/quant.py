@@ -191,7 +191,10 @@ def _launch_per_token(x, a, sfa_buf, min_amax_f32, pow2_scale: bool, cupy, *, la
         raise ValueError(f"x shape {x.shape} is too large for the per-token kernel's 32-bit "
                          f"work indices ({warps} warp tasks)")
     kern = _jit.get_kernel(_HEADER, kernel_name("per_token", x.dtype.name, pow2_scale))
-    args = (x3, a, sfa_buf, np.uint32(m), np.uint32(k), np.uint32(rows),
+    # Raw addresses, not the arrays: gemm_fp8's cached fused launcher holds
+    # this launch and must not keep the caller's x alive.
+    args = (np.uint64(x3.data.ptr), np.uint64(a.data.ptr), np.uint64(sfa_buf.data.ptr),
+            np.uint32(m), np.uint32(k), np.uint32(rows),
             np.int64(batch_stride), np.int64(row_stride), np.uint32(m_pad),
             np.uint32(tasks_per_row), np.uint32(per_task), min_amax_f32)
     launcher = _launch.Launcher(kern, (-(-warps // _WARPS),), (_THREADS,), args)
@@ -562,7 +565,7 @@ def _fused_key(a, b, out, workspace, pow2_scale, gemm):
     try:
         device = _device.current_device_id()
         return ("gemm_fp8 fused", device, _device.get_num_sms(device), gemm._sig(a), gemm._sig(b[0]),
-                gemm._sig(b[1]), gemm._sig(out), gemm._sig(workspace), bool(pow2_scale))
+                gemm._sig(b[1]), gemm._sig(out), gemm._sig(workspace), type(pow2_scale), pow2_scale)
     except Exception:
         return None
 

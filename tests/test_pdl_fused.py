@@ -74,11 +74,12 @@ def test_launcher_uses_cupy_without_pdl_and_packs_every_parameter_for_pdl():
         assert addr % 128 == 0
         assert ex.buf[off:off + len(w)].tobytes() == w
     assert ex.params == ex.ptrs.ctypes.data
-    assert (ex.cfg.gridDimX, ex.cfg.blockDimX, ex.cfg.sharedMemBytes) == (132, 384, 1000)
-    assert ex.cfg.numAttrs == 1
+    cfg = ex._config(0)
+    assert (cfg.gridDimX, cfg.blockDimX, cfg.sharedMemBytes) == (132, 384, 1000)
+    assert cfg.numAttrs == 1
     d = _launch._tma._driver()
-    assert ex.cfg.attrs[0].id == d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    assert ex.cfg.attrs[0].value.programmaticStreamSerializationAllowed == 1
+    assert cfg.attrs[0].id == d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    assert cfg.attrs[0].value.programmaticStreamSerializationAllowed == 1
 
 
 def test_launcher_rejects_an_unknown_argument_type():
@@ -213,6 +214,17 @@ def test_fused_path_quantises_into_the_workspace_then_launches_the_gemm_as_its_d
         assert rec.launches == 0                          # nothing went through CuPy's launcher
     finally:
         _gemm.clear_launch_cache()
+
+
+def test_fused_cache_key_keeps_the_pow2_scale_value(monkeypatch):
+    from cugemm8 import _device
+    monkeypatch.setattr(_device, "current_device_id", lambda: 0)
+    monkeypatch.setattr(_device, "get_num_sms", lambda device_id=None: 132)
+    x, out, ws = fake((8, 512), BF16), fake((8, 256), BF16), fake((4096,), np.uint8)
+    b = _weights()
+    assert _quant._fused_key(x, b, out, ws, True, _gemm) != _quant._fused_key(x, b, out, ws, 1, _gemm)
+    assert _quant._fused_key(x, b, out, ws, False, _gemm) != _quant._fused_key(x, b, out, ws, 0, _gemm)
+    assert _quant._fused_key(x, b, out, ws, True, _gemm) is not None
 
 
 def test_fused_repeated_call_is_cached(monkeypatch):

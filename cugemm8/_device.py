@@ -43,8 +43,9 @@ def nvrtc_version() -> tuple[int, int]:
         from cupy_backends.cuda.libs import nvrtc
         return tuple(nvrtc.getVersion())
     except Exception as exc:
-        raise DeviceError(f"NVRTC is missing or unloadable ({exc}); install "
-                          "cupy-cuda12x[ctk] / cupy-cuda13x[ctk]") from None
+        raise DeviceError(f"NVRTC is missing or unloadable ({exc}); install cugemm8's "
+                          "cuda12 or cuda13 extra (pip install 'cugemm8[cuda12]'), which brings "
+                          "the NVRTC wheel (nvidia-cuda-nvrtc-cu12 / nvidia-cuda-nvrtc)") from None
 
 
 def check_nvrtc_matches_cupy() -> None:

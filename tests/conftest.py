@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -44,7 +46,7 @@ def gpu_skip_reason() -> str | None:
 def compile_skip_reason() -> str | None:
     """Why tests marked ``compile`` cannot run here (None: CuPy and NVRTC work)."""
     try:
-        import cupy  # noqa: F401
+        __import__("cupy")
     except Exception as exc:
         return f"cupy cannot be imported: {type(exc).__name__}: {exc}"
     return _device_reason("nvrtc_unavailable_reason")
@@ -62,6 +64,47 @@ def pytest_collection_modifyitems(config, items):
             reason = compile_skip_reason()
             if reason is not None:
                 item.add_marker(pytest.mark.skip(reason=f"needs CuPy + NVRTC: {reason}"))
+
+
+def _ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+#: The tools the SASS checks ran with, for the closing summary.
+_sass_tools_used: dict[str, str] = {}
+
+
+@pytest.fixture(scope="session")
+def sass_tools() -> tuple[str, str]:
+    """``(ptxas, cuobjdump)`` for the SASS checks of the compile tests.
+
+    A missing tool skips the test that needs it, with the reason; under
+    ``CI=true`` it fails it instead, so CI never passes without the SASS
+    checks (the ``test`` extra brings both tools as wheels).
+    """
+    from cugemm8 import _jit
+    tools = {name: _jit.find_tool(name) for name in ("ptxas", "cuobjdump")}
+    missing = [name for name, path in tools.items() if path is None]
+    if missing:
+        msg = (f"{' and '.join(missing)} not found (searched: the NVIDIA wheels of this "
+               "environment, PATH, $CUDA_PATH/bin, $CUDA_HOME/bin, /usr/local/cuda/bin); "
+               "the test extra brings them as wheels (with the cuda13 extra, add "
+               "nvidia-cuda-nvcc for a CUDA 13 ptxas)")
+        if _ci():
+            pytest.fail(f"CI=true and the SASS checks cannot run: {msg}", pytrace=False)
+        pytest.skip(msg)
+    _sass_tools_used.update(tools)
+    return tools["ptxas"], tools["cuobjdump"]
+
+
+def pytest_terminal_summary(terminalreporter):
+    for name, path in _sass_tools_used.items():
+        try:
+            out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+            version = next((ln.strip() for ln in out.splitlines() if "release" in ln), "")
+        except (OSError, subprocess.SubprocessError):
+            version = ""
+        terminalreporter.write_line(f"SASS checks: {name} {path}" + (f" ({version})" if version else ""))
 
 
 @pytest.fixture

@@ -12,12 +12,12 @@ import re
 import pytest
 
 from cugemm8 import _config, _jit, gemm as _gemm
+from cugemm8._shapes import DEEPSEEK_NK
 
 pytestmark = pytest.mark.compile
 
 NORMAL = [(m, n, k) for m in (1, 16, 32, 64, 128, 4096)
-          for n, k in [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168),
-                       (7168, 2048), (576, 7168)]]
+          for n, k in DEEPSEEK_NK]
 GROUPED = [("contiguous", 4 * 8192, 4096, 7168, 4), ("contiguous", 4 * 8192, 7168, 2048, 4),
            ("contiguous", 8 * 4096, 4096, 7168, 8), ("contiguous", 8 * 4096, 7168, 2048, 8),
            ("masked", 1024, 4096, 7168, 1), ("masked", 1024, 7168, 2048, 1), ("masked", 512, 4096, 7168, 2),
@@ -72,9 +72,8 @@ def test_no_ptxas_performance_warnings(report):
         report.warnings
 
 
-def test_sass_uses_fp8_wgmma(report):
-    if report.sass is None:
-        pytest.skip("ptxas / cuobjdump not found: install the CUDA toolkit or the test extra's wheels")
+def test_sass_uses_fp8_wgmma(report, sass_tools):
+    assert report.sass is not None
     funcs = re.split(r"\n\s*Function : ", report.sass)[1:]
     assert len(funcs) == len(report.resources)
     for body in funcs:

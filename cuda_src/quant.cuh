@@ -7,7 +7,7 @@
 //   * per_block_cast_kernel: 128x128 tiles of a [g, n, k] weight; payload
 //     [g, n, k] uint8 and scales [g, ceil(n/128), ceil(k/128)] float32.
 //
-// Numerics (bit-identical to cugemm8/reference.py):
+// Numerics (bit-identical to cugemm8/reference/quant.py):
 //   amax  = max |x| over the group / tile (K and N tails zero-padded), NaN
 //           propagating; amax = max(amax, min_amax) (NaN kept)
 //   scale = RN_f32(amax / 448), optionally rounded up to the next power of

@@ -1,7 +1,10 @@
 """cugemm8: FP8 GEMMs for NVIDIA Hopper (sm_90a) with DeepSeek-V3 fine-grained
 scaling, on CuPy.  Importable without a GPU; device work raises
-:class:`DeviceError` naming what is missing.
+:class:`DeviceError` naming what is missing.  Typed (PEP 561, ``py.typed``);
+the NumPy oracle :mod:`cugemm8.reference` and :func:`get_gemm_config` with
+``num_sms`` given need no GPU.
 """
+from ._config import GemmConfig
 from ._device import DeviceError
 from ._device import get_num_sms
 from ._device import set_num_sms
@@ -24,7 +27,7 @@ from . import reference
 __version__ = "0.9.0"
 
 __all__ = [
-    "DeviceError", "gemm_fp8", "gemm_fp8_fp8_bf16_nt", "gemm_fp8_workspace_bytes",
+    "DeviceError", "GemmConfig", "gemm_fp8", "gemm_fp8_fp8_bf16_nt", "gemm_fp8_workspace_bytes",
     "get_col_major_tma_aligned_tensor", "get_gemm_config", "get_m_alignment_for_contiguous_layout",
     "get_num_sms", "get_pdl", "interop", "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous",
     "m_grouped_gemm_fp8_fp8_bf16_nt_masked", "make_contiguous_layout", "per_block_cast_to_fp8",

@@ -49,7 +49,7 @@ B).  Stages: the largest count that fits, capped at 16 (and even with
 ``block_m`` = 64).  Split K (x2) for ``block_m`` in SPLIT_K_BLOCK_MS (64,
 128) and ``block_n`` <= SPLIT_K_MAX_BLOCK_N (32) when the K blocks are even
 in number and twice the tiles fit in one wave of ``num_sms``: on the H200
-(benches/results/sweep_v0.5_splitk.json) it made 64x16-class tiles 9-43 %
+(benches/experiments/sweep_v0.5_splitk.json) it made 64x16-class tiles 9-43 %
 faster (64x2112x7168: 64x32 split 10.3 us against 64x16 12.1 us; the N =
 576 shapes 1.4x; 5-39 % with the final kernel's cluster-scope exchange,
 benches/RESULTS.md v0.5).  Where filling the SMs with pairs needs
@@ -96,7 +96,7 @@ C_TILE + BM*BN/64 is the per-tile B-scale load, syncs and D staging
     faster than one warpgroup per 64 rows (benches/RESULTS.md, v0.2), so the
     chain is multiplied by SPLIT_K_CHAIN = 0.9, not halved.
   C_KB and SPLIT_K_CHAIN are fitted to the H200 v0.3 forced-config sweep
-  (benches/results/sweep_v0.3.json).  C_KB is most of the per-K-block time
+  (benches/experiments/sweep_v0.3.json).  C_KB is most of the per-K-block time
   the sweep shows for narrow tiles at M <= 128, nearly whatever BN and grid (at
   (64, 576, 7168), 64x8 on 72 CTAs and 64x32 on 18 CTAs both take ~14 us);
   the chain's growth with BN, split K's small gain and the L2 share below
@@ -161,6 +161,8 @@ import functools
 import math
 import operator
 
+from ._shapes import DEEPSEEK_NK
+
 __all__ = [
     "KINDS", "BLOCK_K", "SMEM_LIMIT", "MAX_STAGES", "BLOCK_M_CANDIDATES",
     "BLOCK_N_CANDIDATES", "GemmConfig", "select_config", "ranked_configs",
@@ -193,10 +195,10 @@ C_TWO_PASS = 2300.0                 # contiguous, BLOCK_M = 256: per tile (measu
 #: The kinds whose candidates include TMA multicast (select_config).  The
 #: v0.1 sweep measured multicast 25-50 % slower than the same tile without
 #: it; with the remote-arrival fence fixed, the v0.3 sweep
-#: (benches/results/sweep_v0.3.json) had it at -2..+5 % on the normal and
+#: (benches/experiments/sweep_v0.3.json) had it at -2..+5 % on the normal and
 #: contiguous GEMMs with >= 512 rows and +2..+8 % on the masked ones, so it
 #: stayed out.  v0.6 re-measured it on the current kernel
-#: (benches/results/variants_v0.6/run_contig_mc.log, alternating runs): on
+#: (git: 5170af9:benches/results/variants_v0.6/run_contig_mc.log, alternating runs): on
 #: the contiguous layout A multicast is 2.5-3.0 % faster at K = 2048 (128x192:
 #: 749-757 vs 770-778 us, three pairs on each shape) and 0.8-1.2 % at
 #: K = 7168 (256x128), every pair the same way; on the normal GEMM at
@@ -353,7 +355,36 @@ def candidate_block_ns(block_m: int | None = None) -> tuple[int, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class GemmConfig:
-    """One kernel configuration (see the module docstring for the rules)."""
+    """One kernel configuration: what :func:`cugemm8.get_gemm_config` returns
+    and the ops launch (frozen, hashable; see the module docstring of
+    ``cugemm8._config`` for the rules and the cost model).  ``str(config)``
+    reads e.g. ``128x192 s5 c2A sms132``.
+
+    Attributes:
+        kind: ``'normal'``, ``'contiguous'`` or ``'masked'``: the op.
+        block_m: rows of one output tile (BLOCK_M): 64, 128 or 256.
+        block_n: columns of one output tile (BLOCK_N): a multiple of 8 in
+            [8, 192]; the heuristic picks from 8, 16, ..., 128, 144, 160, 192.
+        block_k: K extent of one pipeline stage, always 128 (one scale
+            granule and one promotion interval).
+        num_stages: depth of the TMA pipeline (shared-memory stages), 3 to 16.
+        num_math_warpgroups: always 2; with ``block_m`` = 64 the two split K
+            (even / odd 128-K blocks) and add their tiles at the end.
+        num_multicast: 1, or 2 for a cluster of two CTAs that share one
+            operand's TMA loads (multicast).
+        multicast_on_a: with ``num_multicast`` = 2: True when A is shared
+            (the pair computes tiles side by side in N), False when B is
+            (``'normal'`` only).  False without multicast.
+        num_k_splits: 1, or 2 when the two CTAs of a cluster take half of the
+            K blocks of the same tile each and add their FP32 partial tiles
+            (never with multicast).
+        num_sms: the grid: persistent CTAs launched, never more than the SMs
+            available (even with multicast or split K).
+        swizzle_d: swizzle of the BF16 output staging buffer in bytes (128,
+            64, 32, or 0 for none).
+        smem_bytes: dynamic shared memory per CTA for this ``k``
+            (:func:`cugemm8._config.smem_size`).
+    """
     kind: str                 # 'normal' | 'contiguous' | 'masked'
     block_m: int
     block_n: int
@@ -725,8 +756,7 @@ def select_config(kind: str, m: int, n: int, k: int, *, num_groups: int = 1,
 BENCHMARK_CASES = (
     tuple(("normal", 1, m, n, k)
           for m in (1, 8, 16, 32, 64, 128, 4096)
-          for n, k in ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384),
-                       (4096, 7168), (7168, 2048), (576, 7168)))
+          for n, k in DEEPSEEK_NK)
     + tuple(("contiguous", g, g * mg, n, k)
             for g, mg, n, k in ((4, 8192, 4096, 7168), (4, 8192, 7168, 2048),
                                 (8, 4096, 4096, 7168), (8, 4096, 7168, 2048)))

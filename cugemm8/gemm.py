@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -65,6 +66,13 @@ from . import _config, _device, _env, _jit, _tma
 from ._launch import Launcher
 from ._checks import check_device_array, check_on_current_device, refuse_temporary_under_capture
 from .layout import get_col_major_tma_aligned_tensor, is_tma_aligned_mn_major
+
+if TYPE_CHECKING:
+    from typing import Literal
+
+    import cupy
+
+    from ._config import GemmConfig
 
 _HEADER = "fp8_gemm_1d2d.cuh"
 _GEMM_TYPE = {"normal": 0, "contiguous": 1, "masked": 2}
@@ -485,7 +493,8 @@ def _empty_k_masked(cupy):
 # public ops
 # ----------------------------------------------------------------------------
 
-def gemm_fp8_fp8_bf16_nt(lhs, rhs, out) -> None:
+def gemm_fp8_fp8_bf16_nt(lhs: tuple[cupy.ndarray, cupy.ndarray], rhs: tuple[cupy.ndarray, cupy.ndarray],
+                         out: cupy.ndarray) -> None:
     """``out = (A * SFA) @ (B * SFB)^T`` with FP8 operands and BF16 output.
 
     Args:
@@ -532,7 +541,9 @@ def gemm_fp8_fp8_bf16_nt(lhs, rhs, out) -> None:
     _launch_and_remember(key, cupy, cfg, "normal", n, k, 1, m, m, a, sfa, b, sfb, out, None, 1)
 
 
-def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs, rhs, out, m_indices) -> None:
+def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs: tuple[cupy.ndarray, cupy.ndarray],
+                                              rhs: tuple[cupy.ndarray, cupy.ndarray],
+                                              out: cupy.ndarray, m_indices: cupy.ndarray) -> None:
     """Grouped GEMM over experts whose rows are stacked contiguously (MoE prefill).
 
     Row ``r`` of ``lhs`` is multiplied by expert ``m_indices[r]``'s weights.
@@ -595,7 +606,10 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs, rhs, out, m_indices) -> None:
     _launch_and_remember(key, cupy, cfg, "contiguous", n, k, g, m, m, a, sfa, b, sfb, out, m_indices, 1)
 
 
-def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs, rhs, out, masked_m, expected_m: int) -> None:
+def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs: tuple[cupy.ndarray, cupy.ndarray],
+                                          rhs: tuple[cupy.ndarray, cupy.ndarray],
+                                          out: cupy.ndarray, masked_m: cupy.ndarray,
+                                          expected_m: int) -> None:
     """Grouped GEMM over per-expert padded batches (MoE decode, CUDA-graph friendly).
 
     For each group ``g``, rows ``[0, masked_m[g])`` of ``lhs[g]`` are
@@ -665,7 +679,43 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs, rhs, out, masked_m, expected_m: i
     _launch_and_remember(key, cupy, cfg, "masked", n, k, g, m_max, m_max, a, sfa, b, sfb, out, masked_m, g)
 
 
-def get_gemm_config(kind: str, m: int, n: int, k: int, num_groups: int = 1):
-    """The :class:`cugemm8._config.GemmConfig` an op would use on the current device."""
-    return _config.select_config(kind, m, n, k, num_groups=num_groups,
-                                 num_sms=_device.get_num_sms())
+def get_gemm_config(kind: Literal["normal", "contiguous", "masked"], m: int, n: int, k: int,
+                    num_groups: int = 1, num_sms: int | None = None) -> GemmConfig:
+    """The kernel configuration (:class:`cugemm8.GemmConfig`) an op would use.
+
+    Args:
+        kind: ``'normal'`` (:func:`gemm_fp8_fp8_bf16_nt`), ``'contiguous'``
+            (:func:`m_grouped_gemm_fp8_fp8_bf16_nt_contiguous`: ``m`` is
+            ``m_sum``, all groups' rows) or ``'masked'``
+            (:func:`m_grouped_gemm_fp8_fp8_bf16_nt_masked`: ``m`` is the
+            op's ``min(expected_m, m_max)``).
+        m: rows (``>= 0``).
+        n, k: output columns (a positive multiple of 8) and reduction length
+            (a positive multiple of 16, at most 382,464).
+        num_groups: groups of a grouped GEMM (1 for ``'normal'``).
+        num_sms: the SMs the persistent kernel may occupy.  ``None``
+            (default): the current device's budget, :func:`cugemm8.get_num_sms`
+            (needs a GPU).  Given, nothing touches a GPU, so the choice can be
+            inspected on any machine (132 for an H200 / H100 SXM).
+
+    Returns:
+        The frozen :class:`cugemm8.GemmConfig` (tile, stages, multicast,
+        split K, grid, shared memory).  Deterministic: the same arguments
+        give the same configuration on every machine, the one the op
+        launches when the device's SM budget is ``num_sms``.
+
+    Raises:
+        TypeError: a size, ``num_groups`` or ``num_sms`` that is not an int.
+        ValueError: an unknown ``kind``, ``m < 0``, ``n`` or ``k`` breaking
+            the rules above, ``num_groups < 1`` (or not 1 for
+            ``'normal'``), ``num_sms < 1``.  Checked before any device
+            lookup, so these are the errors on any machine.
+        cugemm8.DeviceError: ``num_sms`` is ``None`` and there is no usable
+            GPU (after the argument checks).
+    """
+    if num_sms is None:
+        # The argument checks first (with a placeholder SM count), so a bad
+        # argument raises the same error on a machine without a GPU.
+        _config._validate(kind, m, n, k, num_groups, 1, _config.SMEM_LIMIT)
+        num_sms = _device.get_num_sms()
+    return _config.select_config(kind, m, n, k, num_groups=num_groups, num_sms=num_sms)

@@ -19,8 +19,13 @@ outputs with :func:`to_jax` on that same stream.
 from __future__ import annotations
 
 import ctypes
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import cupy
+    import jax
 
 #: DLPack type codes (dmlc/dlpack include/dlpack/dlpack.h, v1.1).
 KDL_UINT = 1
@@ -108,7 +113,7 @@ class _Relabelled:
         return capsule
 
 
-def to_cupy(x):
+def to_cupy(x: Any) -> cupy.ndarray:
     """A CuPy array over the memory of any CUDA DLPack producer, without a copy.
 
     ``float8_e4m3fn`` arrays (JAX, PyTorch, an ml_dtypes view) arrive as
@@ -151,7 +156,7 @@ def to_cupy(x):
     return cupy.from_dlpack(_Relabelled(x, KDL_FLOAT8_E4M3FN, KDL_UINT, reject_other_fp8=True))
 
 
-def to_jax(x, *, fp8: bool = False):
+def to_jax(x: cupy.ndarray, *, fp8: bool = False) -> jax.Array:
     """A JAX array over a CuPy array's memory, without a copy.
 
     Args:
@@ -216,7 +221,8 @@ def _pair(name, pair):
     return to_cupy(pair[0]), to_cupy(pair[1])
 
 
-def gemm_fp8_fp8_bf16_nt_jax(lhs, rhs):
+def gemm_fp8_fp8_bf16_nt_jax(lhs: tuple[jax.Array, jax.Array],
+                             rhs: tuple[jax.Array, jax.Array]) -> jax.Array:
     """:func:`cugemm8.gemm_fp8_fp8_bf16_nt` on JAX arrays, returning a JAX array.
 
     Args:
@@ -244,13 +250,15 @@ def gemm_fp8_fp8_bf16_nt_jax(lhs, rhs):
     return to_jax(out)
 
 
-def per_token_cast_to_fp8_jax(x, **kwargs):
+def per_token_cast_to_fp8_jax(x: jax.Array, *, min_amax: float = 1e-4, pow2_scale: bool = False
+                              ) -> tuple[jax.Array, jax.Array]:
     """:func:`cugemm8.per_token_cast_to_fp8` on a JAX array.
 
     Args:
         x: JAX array on a GPU, ``[m, k]`` or ``[g, m, k]``, float32, float16
             or bfloat16, any ``k`` (the payload comes back with ``ceil(k/16)*16`` columns).
-        **kwargs: ``min_amax``, ``pow2_scale`` as for the CuPy quantiser.
+        min_amax, pow2_scale: as for :func:`cugemm8.per_token_cast_to_fp8`
+            (keyword-only).
 
     Returns:
         ``(a, sfa)``: ``a`` ``float8_e4m3fn`` ``[..., m, ceil(k/16)*16]``
@@ -266,18 +274,20 @@ def per_token_cast_to_fp8_jax(x, **kwargs):
     import cupy
     from . import quant
     xc = to_cupy(x)
-    a, sfa = quant.per_token_cast_to_fp8(xc, **kwargs)
+    a, sfa = quant.per_token_cast_to_fp8(xc, min_amax=min_amax, pow2_scale=pow2_scale)
     _keep_alive(xc)
     return to_jax(a, fp8=True), to_jax(cupy.ascontiguousarray(sfa))
 
 
-def per_block_cast_to_fp8_jax(w, **kwargs):
+def per_block_cast_to_fp8_jax(w: jax.Array, *, min_amax: float = 1e-4, pow2_scale: bool = False
+                              ) -> tuple[jax.Array, jax.Array]:
     """:func:`cugemm8.per_block_cast_to_fp8` on a JAX array.
 
     Args:
         w: JAX array on a GPU, ``[n, k]`` or ``[g, n, k]``, float32, float16
             or bfloat16, any ``k`` (as :func:`cugemm8.per_block_cast_to_fp8`).
-        **kwargs: ``min_amax``, ``pow2_scale`` as for the CuPy quantiser.
+        min_amax, pow2_scale: as for :func:`cugemm8.per_block_cast_to_fp8`
+            (keyword-only).
 
     Returns:
         ``(b, sfb)``: ``b`` ``float8_e4m3fn`` ``[..., n, ceil(k/16)*16]``
@@ -291,6 +301,6 @@ def per_block_cast_to_fp8_jax(w, **kwargs):
     _refuse_capture()
     from . import quant
     wc = to_cupy(w)
-    b, sfb = quant.per_block_cast_to_fp8(wc, **kwargs)
+    b, sfb = quant.per_block_cast_to_fp8(wc, min_amax=min_amax, pow2_scale=pow2_scale)
     _keep_alive(wc)
     return to_jax(b, fp8=True), to_jax(sfb)

@@ -11,10 +11,14 @@ converted by :func:`get_col_major_tma_aligned_tensor`.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from collections.abc import Set as AbstractSet
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    import cupy
 
 #: Rows per expert block in the contiguous grouped layout (the kernel's
 #: BLOCK_M for that layout is at most this and divides it).
@@ -36,7 +40,7 @@ def tma_aligned_size(m: int, element_bytes: int = 4) -> int:
     return -(-m // per) * per
 
 
-def is_tma_aligned_mn_major(sfa) -> bool:
+def is_tma_aligned_mn_major(sfa: cupy.ndarray) -> bool:
     """True when ``sfa`` (2-D or 3-D float32) can be read by the kernel as is."""
     if sfa.dtype != np.float32 or sfa.ndim not in (2, 3):
         return False
@@ -57,7 +61,7 @@ def is_tma_aligned_mn_major(sfa) -> bool:
     return all(0 <= s < 2 ** 40 for s in st)
 
 
-def get_col_major_tma_aligned_tensor(sfa):
+def get_col_major_tma_aligned_tensor(sfa: cupy.ndarray) -> cupy.ndarray:
     """Return ``sfa`` in the MN-major, TMA-aligned layout the GEMMs read.
 
     Args:
@@ -93,60 +97,47 @@ def get_col_major_tma_aligned_tensor(sfa):
     return out[0] if squeeze else out
 
 
-def make_contiguous_layout(group_sizes, alignment: int = CONTIGUOUS_M_ALIGNMENT):
+def make_contiguous_layout(group_sizes: Iterable[int], alignment: int = CONTIGUOUS_M_ALIGNMENT
+                           ) -> tuple[cupy.ndarray, np.ndarray]:
     """Build ``m_indices`` for the contiguous grouped GEMM from token counts.
 
     Expert ``e``'s ``group_sizes[e]`` rows start at a multiple of ``alignment``
     rows; the rows after them up to the next multiple are padding and get
     ``-1``; an expert with 0 rows gets no block at all.
 
+    The same layout as :func:`cugemm8.reference.make_m_indices` (the host
+    computation is that function's NumPy code; only ``m_indices`` is then
+    copied to the GPU): ``make_contiguous_layout(s)`` equals
+    ``make_m_indices(s)`` with its first array on the device.  Use
+    ``make_m_indices`` for the host arrays alone (no GPU needed).
+
     Args:
-        group_sizes: sequence of non-negative ints, one per expert.
+        group_sizes: sequence of non-negative ints, one per expert (a list,
+            tuple, range or 1-D integer NumPy array).
         alignment: row alignment, a multiple of
             :func:`get_m_alignment_for_contiguous_layout` (default: equal to it).
 
     Returns:
-        ``(m_indices, offsets)``: ``m_indices`` a CuPy int32 array ``[m_sum]``
-        and ``offsets`` a host list of each expert's first row (``m_sum`` is a
-        multiple of ``alignment``).
+        ``(m_indices, offsets)``: ``m_indices`` a CuPy int32 array
+        ``[m_sum]``, each row's expert or ``-1`` for padding (DeepGEMM's
+        ``m_indices``), and ``offsets`` a host NumPy int64 array ``[g + 1]``:
+        expert ``e`` owns rows ``offsets[e] : offsets[e + 1]``, its tokens
+        being the first ``group_sizes[e]`` of them; ``offsets[0] = 0`` and
+        ``offsets[g] = m_sum``, a multiple of ``alignment``.
 
     Raises:
         TypeError: ``group_sizes`` not a sequence, or a group size that is
             not an int.
-        cugemm8.DeviceError: no usable GPU to hold ``m_indices``.
         ValueError: a negative group size, an alignment that is not a
             positive multiple of 128, or a padded total ``m_sum`` beyond
             2^31 - 1 rows (the GEMMs' int32 row coordinates).
+        cugemm8.DeviceError: no usable GPU to hold ``m_indices`` (raised
+            after the argument checks, before any host array is built).
     """
-    import cupy
-    import numbers
-    # An ordered sequence (list, tuple, range, 1-D NumPy array): a mapping
-    # would give its keys and a set an arbitrary order.
-    if (isinstance(group_sizes, (str, bytes, Mapping, AbstractSet))
-            or not isinstance(group_sizes, Iterable)):
-        raise TypeError(f"group_sizes must be a sequence of ints, one per expert, "
-                        f"got {type(group_sizes).__name__}")
-    sizes = list(group_sizes)
-    for s in sizes:
-        if isinstance(s, bool) or not isinstance(s, numbers.Integral):
-            raise TypeError(f"group_sizes must hold ints, got {s!r} ({type(s).__name__})")
-    sizes = [int(s) for s in sizes]
-    if any(s < 0 for s in sizes):
-        raise ValueError(f"group_sizes must be non-negative, got {sizes}")
-    if (isinstance(alignment, bool) or not isinstance(alignment, numbers.Integral)
-            or alignment <= 0 or alignment % CONTIGUOUS_M_ALIGNMENT):
-        raise ValueError(f"alignment = {alignment!r} must be a positive multiple of "
-                         f"{CONTIGUOUS_M_ALIGNMENT} (every 128-row block must hold one expert)")
-    offsets, total = [], 0
-    for s in sizes:
-        offsets.append(total)
-        total += -(-s // alignment) * alignment
-    if total > 2 ** 31 - 1:
-        raise ValueError(f"group_sizes pad to m_sum = {total} rows; the grouped GEMMs take at most "
-                         f"2^31 - 1 rows (int32 TMA coordinates)")
     from . import _device
+    from .reference.layout import _build_layout, _check_layout_args
+    sizes, _, offsets = _check_layout_args(group_sizes, alignment, CONTIGUOUS_M_ALIGNMENT)
+    cupy = _device.import_cupy()
     _device.current_device_id()          # DeviceError (not a CUDA error) without a GPU, before host work
-    host = np.full(total, -1, dtype=np.int32)
-    for e, (off, s) in enumerate(zip(offsets, sizes)):
-        host[off:off + s] = e
-    return cupy.asarray(host), offsets
+    m_indices, offsets_array = _build_layout(sizes, offsets)
+    return cupy.asarray(m_indices), offsets_array

@@ -30,11 +30,16 @@ synchronisation.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from . import _config, _device, _jit, _launch
 from ._checks import check_device_array, check_on_current_device, refuse_temporary_under_capture
-from .reference import MIN_AMAX_FLOOR, check_quant_options
+from .reference.quant import MIN_AMAX_FLOOR, check_quant_options
+
+if TYPE_CHECKING:
+    import cupy
 
 _HEADER = "quant.cuh"
 _THREADS = 256                     # quant::kThreads
@@ -224,7 +229,8 @@ def _launch_per_block(w, b, sfb, min_amax_f32, pow2_scale: bool, cupy) -> None:
 # Public API
 # ----------------------------------------------------------------------------
 
-def per_token_cast_to_fp8(x, *, min_amax: float = 1e-4, pow2_scale: bool = False):
+def per_token_cast_to_fp8(x: cupy.ndarray, *, min_amax: float = 1e-4, pow2_scale: bool = False
+                          ) -> tuple[cupy.ndarray, cupy.ndarray]:
     """Quantise activations to e4m3fn with one scale per token per 128 K.
 
     For each row and each 1x128 group along K (the K tail zero-padded)::
@@ -305,7 +311,8 @@ def per_token_cast_to_fp8(x, *, min_amax: float = 1e-4, pow2_scale: bool = False
     return (a[0], sfa[0]) if squeeze else (a, sfa)
 
 
-def per_block_cast_to_fp8(w, *, min_amax: float = 1e-4, pow2_scale: bool = False):
+def per_block_cast_to_fp8(w: cupy.ndarray, *, min_amax: float = 1e-4, pow2_scale: bool = False
+                          ) -> tuple[cupy.ndarray, cupy.ndarray]:
     """Quantise weights to e4m3fn with one scale per 128x128 block.
 
     For each 128 (N) x 128 (K) tile (N and K tails zero-padded)::
@@ -353,7 +360,10 @@ def per_block_cast_to_fp8(w, *, min_amax: float = 1e-4, pow2_scale: bool = False
     return (b[0], sfb[0]) if squeeze else (b, sfb)
 
 
-def gemm_fp8(a, b, out=None, *, pow2_scale: bool = False, workspace=None):
+def gemm_fp8(a: cupy.ndarray | tuple[cupy.ndarray, cupy.ndarray],
+             b: cupy.ndarray | tuple[cupy.ndarray, cupy.ndarray],
+             out: cupy.ndarray | None = None, *, pow2_scale: bool = False,
+             workspace: cupy.ndarray | None = None) -> cupy.ndarray:
     """One-call FP8 GEMM: ``out = a @ b^T`` in bfloat16, quantising as needed.
 
     With float activations ``a`` and already quantised weights ``b`` (the

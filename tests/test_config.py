@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
+from cugemm8._shapes import DEEPSEEK_NK
 from cugemm8 import _config as cfgmod
 from cugemm8._config import (
     BENCHMARK_CASES, SMEM_LIMIT, GemmConfig, candidate_block_ns, format_table,
@@ -21,8 +22,7 @@ from cugemm8._config import (
     swizzle_d_bytes, tile_counts,
 )
 
-NORMAL_NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384),
-             (4096, 7168), (7168, 2048), (576, 7168))
+NORMAL_NK = DEEPSEEK_NK
 NORMAL_CASES = [("normal", 1, m, n, k) for m in (1, 8, 16, 32, 64, 128, 4096) for n, k in NORMAL_NK]
 GROUPED_CASES = [c for c in BENCHMARK_CASES if c[0] != "normal"]
 STR_RE = re.compile(r"^(64|128|256)x\d+ s\d+( c2[AB]| k2)? sms\d+$")
@@ -113,7 +113,7 @@ def test_table():
 def test_decode_2112_fills_the_sms():
     # DeepGEMM gen 1 and its H200 pick is 64x16, exactly 132 tiles; split K
     # across CTA pairs fills the 132 SMs with 66 tiles of 64x32 instead
-    # (10.3 against 12.1 us on the H200, benches/results/sweep_v0.5_splitk.json).
+    # (10.3 against 12.1 us on the H200, benches/experiments/sweep_v0.5_splitk.json).
     cfg = select_config("normal", 64, 2112, 7168)
     assert (cfg.block_m, cfg.block_n, cfg.num_multicast, cfg.num_k_splits) == (64, 32, 1, 2)
     tiles, executed, waves = tile_counts(cfg, 64, 2112)
@@ -234,7 +234,7 @@ def test_contiguous_multicast_only_on_measured_tiles():
 
 @pytest.mark.parametrize("kind,g,m,n,k", [c for c in BENCHMARK_CASES if c[0] == "contiguous"])
 def test_contiguous_multicasts_a(kind, g, m, n, k):
-    # v0.6 (benches/results/variants_v0.6/run_contig_mc.log): A multicast is
+    # v0.6 (git: 5170af9:benches/results/variants_v0.6/run_contig_mc.log): A multicast is
     # 2.5-3.0 % faster at K = 2048 and 0.8-1.2 % at K = 7168 on these shapes.
     cfg = select_config(kind, m, n, k, num_groups=g)
     assert (cfg.num_multicast, cfg.multicast_on_a) == (2, True), str(cfg)
@@ -300,7 +300,7 @@ def test_smaller_smem_limit():
 # The H200 forced-config sweep (benches/sweep_configs.py --json)
 # ---------------------------------------------------------------------------
 
-_RESULTS = Path(__file__).resolve().parents[1] / "benches" / "results"
+_RESULTS = Path(__file__).resolve().parents[1] / "benches" / "experiments"
 #: The forced-config sweeps, oldest first: v0.3 (every benchmark shape),
 #: v0.5 (normal M <= 128 and masked, with split-K candidates; CUPTI times)
 #: v0.6 (the contiguous shapes with and without A multicast; CUPTI) and

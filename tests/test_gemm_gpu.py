@@ -13,11 +13,12 @@ from hypothesis import given, settings, strategies as st, HealthCheck
 
 import cugemm8
 from cugemm8 import _config, gemm as _gemm
+from cugemm8._shapes import DEEPSEEK_NK
 from tests import gpu_helpers as H
 
 pytestmark = pytest.mark.gpu
 
-NK_TABLE = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (576, 7168)]
+NK_TABLE = list(DEEPSEEK_NK)
 
 
 @pytest.fixture(scope="module")

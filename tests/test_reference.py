@@ -414,11 +414,27 @@ def test_make_m_indices_example():
     assert np.all(mi[128:258] == 2) and np.all(mi[258:] == -1)
     mi4, off4 = R.make_m_indices([5, 4], alignment=4)
     assert mi4.tolist() == [0, 0, 0, 0, 0, -1, -1, -1, 1, 1, 1, 1]
-    for bad in ([-1], [1.5]):
-        with pytest.raises(ValueError):
+    assert off4.dtype == np.int64 and off4.tolist() == [0, 8, 12]
+    with pytest.raises(ValueError, match="non-negative"):
+        R.make_m_indices([-1])
+    # The same argument rules as cugemm8.make_contiguous_layout (one helper):
+    # non-integers are a TypeError, bad values a ValueError.
+    for bad in ([1.5], [True, 2], ["5"], np.array([1.0])):
+        with pytest.raises(TypeError, match="must hold ints"):
             R.make_m_indices(bad)
-    with pytest.raises(ValueError):
-        R.make_m_indices([1], alignment=0)
+    for bad in (5, None, "12", {0: 100}, {100, 200}):
+        with pytest.raises(TypeError, match="sequence of ints"):
+            R.make_m_indices(bad)
+    for alignment in (0, -4, 1.5, True):
+        with pytest.raises(ValueError, match="alignment"):
+            R.make_m_indices([1], alignment=alignment)
+    with pytest.raises(ValueError, match="2\\^31 - 1 rows"):
+        R.make_m_indices([2 ** 30, 2 ** 30])         # rejected before allocating 8 GiB
+    mi_np, off_np = R.make_m_indices(np.array([3, 0, 130], dtype=np.uint16))
+    np.testing.assert_array_equal(mi_np, mi)
+    np.testing.assert_array_equal(off_np, off)
+    mi_e, off_e = R.make_m_indices([])
+    assert mi_e.shape == (0,) and mi_e.dtype == np.int32 and off_e.tolist() == [0]
 
 
 # ---------------------------------------------------------------------------

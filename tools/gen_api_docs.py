@@ -10,7 +10,8 @@ What is documented:
   module that defines it;
 * the public functions of ``cugemm8.interop`` (defined there, no leading
   underscore);
-* the public functions of ``cugemm8.reference`` (those in its ``__all__``).
+* the public functions of ``cugemm8.reference`` (those in its ``__all__``, in
+  that order: the package re-exports them from its submodules).
 
 For each: the signature (``inspect.signature``, with annotations printed as
 written in the source) and the docstring verbatim (``inspect.getdoc``: the
@@ -18,8 +19,9 @@ text with its common indentation removed) in a fenced block.  Each group
 starts with its module's docstring.
 
 Needs no GPU and no CuPy (nothing is called, only imported and inspected),
-and the output depends only on the source: functions come in source order,
-nothing depends on the clock, the platform or dictionary order.
+and the output depends only on the source: functions come in source order
+(``__all__`` order where a list of names is given), nothing depends on the
+clock, the platform or dictionary order.
 ``tests/test_docs.py`` regenerates the text in memory and compares.
 """
 from __future__ import annotations
@@ -69,14 +71,16 @@ def _source_line(obj) -> int:
 
 
 def module_functions(module, names=None) -> list[str]:
-    """Public functions defined in ``module`` (or those of ``names`` that are
-    functions), in source order."""
-    if names is None:
-        names = [n for n, v in vars(module).items()
-                 if not n.startswith("_") and inspect.isfunction(v)
-                 and v.__module__ == module.__name__]
-    funcs = [n for n in names if inspect.isfunction(getattr(module, n, None))]
-    return sorted(funcs, key=lambda n: (_source_line(getattr(module, n)), n))
+    """Public functions defined in ``module``, in source order, or those of
+    ``names`` that are functions, in the order of ``names`` (a package's
+    ``__all__``: its functions come from several files, so line numbers do
+    not order them)."""
+    if names is not None:
+        return [n for n in names if inspect.isfunction(getattr(module, n, None))]
+    names = [n for n, v in vars(module).items()
+             if not n.startswith("_") and inspect.isfunction(v)
+             and v.__module__ == module.__name__]
+    return sorted(names, key=lambda n: (_source_line(getattr(module, n)), n))
 
 
 # ----------------------------------------------------------------------------

@@ -36,7 +36,8 @@ sys.path.insert(0, str(_HERE))
 sys.path.insert(1, str(_HERE.parent))
 
 import common  # noqa: E402
-from cugemm8.cli import (DEEPSEEK_NK, Shape, bf16_to_f64, calc_diff, gemm_bytes,  # noqa: E402
+from cugemm8._shapes import DEEPSEEK_NK  # noqa: E402
+from cugemm8.cli import (Shape, bf16_to_f64, calc_diff, gemm_bytes,  # noqa: E402
                          make_operands, poisoned_out, print_table, reference)
 
 DECODE_MS = (1, 2, 4, 8, 16, 32, 64, 128)

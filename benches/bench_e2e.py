@@ -60,7 +60,8 @@ sys.path.insert(1, str(_HERE.parent))
 
 import common  # noqa: E402
 from cugemm8 import cli  # noqa: E402
-from cugemm8.cli import DEEPSEEK_NK, Shape, bf16_to_f64, calc_diff, print_table  # noqa: E402
+from cugemm8._shapes import DEEPSEEK_NK  # noqa: E402
+from cugemm8.cli import Shape, bf16_to_f64, calc_diff, print_table  # noqa: E402
 
 E2E_MS = (1, 8, 32, 64, 128)
 CHAIN_MS = (1, 8, 64)

@@ -47,7 +47,7 @@ _DG_GROUPED_CFG = {"contiguous": "128x192 s4 c2"}
 
 
 def anchor_config(shape: Shape):
-    from cugemm8.cli import DEEPSEEK_NK
+    from cugemm8._shapes import DEEPSEEK_NK
     if shape.kind == "normal" and shape.m in _DG_NORMAL_CFG and (shape.n, shape.k) in DEEPSEEK_NK[:6]:
         return _DG_NORMAL_CFG[shape.m][DEEPSEEK_NK.index((shape.n, shape.k))]
     return _DG_GROUPED_CFG.get(shape.kind)

@@ -22,6 +22,10 @@ How kernels are built
   per kernel, written atomically; a hit is loaded with
   ``cupy.RawModule(path=...)`` without touching NVRTC (CuPy's own cache runs
   an NVRTC preprocessing pass for every key: most of a 73 ms warm start).
+  The key (:func:`key_parts`) names no path of this machine, so a cache
+  written elsewhere (``cugemm8 warmup --compile-only``, no GPU needed: see
+  :func:`prebuild`) is loaded by any machine with the same cugemm8 sources,
+  CuPy version and NVRTC release.
   A corrupt or truncated entry fails its hash, is treated as a miss and is
   rebuilt.  ``CUGEMM8_DISABLE_CACHE=1`` (or CuPy's ``CUPY_CACHE_IN_MEMORY=1``)
   compiles every kernel afresh and writes nothing to disk.
@@ -104,6 +108,8 @@ class JitStats:
     builds: int = 0          # RawModule objects created (compile or disk load)
     hits: int = 0            # process-cache hits
     seconds: float = 0.0     # time spent in builds
+    compiles: int = 0        # NVRTC compiles of a kernel (disk-cache misses and prebuild)
+    disk_hits: int = 0       # kernels loaded from the disk cache without compiling
 
 
 stats = JitStats()
@@ -145,14 +151,32 @@ def nvrtc_options(root: Path | None = None) -> tuple[str, ...]:
 # NVRTC itself (the options CuPy would use) and keeps one entry per kernel
 # under CuPy's cache directory:
 #   <key>.cubin  the sm_90a cubin, loaded by cupy.RawModule(path=...);
-#   <key>.json   its mangled name and SHA-256, written last (the commit).
-# The key hashes the source string (which carries the SHA-256 of cuda_src/),
-# the options (CuPy's include paths included), the name expression and the
-# CuPy version.  Entries are written to temporary files and renamed into
-# place (atomic on POSIX), so concurrent processes never see half an entry;
-# a truncated or altered cubin fails its hash and is rebuilt.
+#   <key>.json   its mangled name, SHA-256 and key parts, written last (the
+#                commit).
+# The key (key_parts, cache_key) hashes what decides the cubin, and nothing
+# that only locates it on this machine, so caches built on one machine load
+# on another (prebuilt caches, issue 22):
+#   source           the source string: the SHA-256 of the relative paths and
+#                    bytes of every file under cuda_src/, and the header;
+#   options          the NVRTC options with each include path replaced by
+#                    what it stands for (-I<cuda_src>, -I<cupy>/..., -I<cuda
+#                    include>): cuda_src/'s contents are in `source`, CuPy's
+#                    headers are CuPy's (its version is a part), and no
+#                    cugemm8 source includes a file outside cuda_src/
+#                    (tests/test_prebuilt_cache.py builds each header with
+#                    those paths removed and gets the same cubin, up to the
+#                    per-compile ids NVRTC gives internal symbols);
+#   name_expression  the template instantiation;
+#   cupy             CuPy's version (its options and headers);
+#   nvrtc            the NVRTC release, read without loading NVRTC
+#                    (nvrtc_release): the compiler is part of the cubin.
+# Entries are written to temporary files and renamed into place (atomic on
+# POSIX), so concurrent processes never see half an entry; a truncated or
+# altered cubin fails its hash and is rebuilt.  On a miss, explain_miss
+# names the key parts in which the closest entry for the same kernel differs
+# (CUGEMM8_JIT_DEBUG=1 prints it; so does `cugemm8 warmup --check-cache`).
 
-_CACHE_FORMAT = "cugemm8-cubin-1"
+_CACHE_FORMAT = "cugemm8-cubin-2"
 
 
 def cache_dir() -> Path:
@@ -162,12 +186,150 @@ def cache_dir() -> Path:
     return Path(base) / "cugemm8"
 
 
-def cache_key(src: str, opts, name_expr: str, cupy_version: str) -> str:
-    h = hashlib.sha256()
-    for part in (_CACHE_FORMAT, src, "\0".join(opts), name_expr, cupy_version):
-        h.update(part.encode())
-        h.update(b"\0")
-    return h.hexdigest()
+#: NVRTC wheels in cuda-pathfinder's search order (``nvidia/cu13/lib`` before
+#: ``nvidia/cuda_nvrtc/lib``, see _device.check_nvrtc_matches_cupy): the first
+#: one installed holds the NVRTC CuPy loads.
+_NVRTC_WHEELS = ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu12")
+_nvrtc_release: list = []
+_SONAME_RE = re.compile(r"libnvrtc\.so\.(\d+\.\d+(?:\.\d+)*)$")
+
+
+def _loaded_nvrtc_release() -> str:
+    """Release of the NVRTC CuPy loads, asking NVRTC itself (loads it):
+    ``major.minor.patch`` from the library's file name where it shows one
+    (``libnvrtc.so.13.0.88`` of a toolkit), else ``major.minor``."""
+    major, minor = _device.nvrtc_version()
+    with contextlib.suppress(OSError):
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1] if "libnvrtc.so" in line else ""
+                m = _SONAME_RE.search(os.path.realpath(path)) if path.startswith("/") else None
+                if m and m.group(1).split(".")[:2] == [str(major), str(minor)]:
+                    return m.group(1)
+    return f"{major}.{minor}"
+
+
+def nvrtc_release(*, refresh: bool = False) -> str:
+    """The NVRTC release kernels are compiled with here, e.g. ``"12.9.86"``
+    (a part of the cache key).
+
+    Read from the metadata of the NVRTC wheel CuPy loads (milliseconds;
+    NVRTC itself is not loaded, so a disk hit still never touches it).
+    Without such a wheel (a system CUDA toolkit, conda) NVRTC is loaded once
+    per process and asked (:func:`_loaded_nvrtc_release`).  Memoised.
+    """
+    if _nvrtc_release and not refresh:
+        return _nvrtc_release[0]
+    from importlib import metadata
+    release = None
+    for dist in _NVRTC_WHEELS:
+        try:
+            release = metadata.version(dist)
+            break
+        except metadata.PackageNotFoundError:
+            continue
+    if release is None:
+        release = _loaded_nvrtc_release()
+    _nvrtc_release[:] = [release]
+    return release
+
+
+def _cupy_dir() -> Path | None:
+    """The cupy package's folder (None without CuPy)."""
+    try:
+        import cupy
+        return Path(cupy.__file__).resolve().parent
+    except Exception:
+        return None
+
+
+def portable_options(opts, root: Path | None = None) -> tuple[str, ...]:
+    """``opts`` with every include path replaced by what it stands for:
+    ``-I<cuda_src>`` (cugemm8's sources, hashed into the source string),
+    ``-I<cupy>/<path inside the cupy package>`` or ``-I<cuda include>``
+    (anything else: the CUDA headers CuPy adds, which no cugemm8 source
+    includes).  Other options are kept, in order."""
+    root = (cuda_src_dir() if root is None else Path(root)).resolve()
+    cupy_dir = _cupy_dir()
+    out = []
+    for opt in opts:
+        for flag in ("-I", "--include-path="):
+            if opt.startswith(flag) and len(opt) > len(flag):
+                path = Path(opt[len(flag):]).resolve()
+                if path == root:
+                    opt = f"{flag}<cuda_src>"
+                elif cupy_dir is not None and path.is_relative_to(cupy_dir):
+                    opt = f"{flag}<cupy>/{path.relative_to(cupy_dir).as_posix()}"
+                else:
+                    opt = f"{flag}<cuda include>"
+                break
+        out.append(opt)
+    return tuple(out)
+
+
+def key_parts(src: str, opts, name_expr: str, *, cupy_version: str, nvrtc_version: str,
+              root: Path | None = None) -> dict:
+    """What a cache key is made of (stored in each entry's JSON record)."""
+    return {"format": _CACHE_FORMAT, "source": src, "options": list(portable_options(opts, root)),
+            "name_expression": name_expr, "cupy": cupy_version, "nvrtc": nvrtc_version}
+
+
+def cache_key(parts: dict) -> str:
+    """SHA-256 of :func:`key_parts`' dictionary."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def _key_here(cupy, src: str, opts, name_expr: str) -> tuple[dict, str]:
+    """(parts, key) of a build in this process: the one function the loader,
+    :func:`prebuild` and :func:`lookup` compute keys with."""
+    parts = key_parts(src, opts, name_expr, cupy_version=cupy.__version__, nvrtc_version=nvrtc_release())
+    return parts, cache_key(parts)
+
+
+def _short(part: str, value) -> str:
+    if part == "source":
+        m = re.search(r"sha256=([0-9a-f]{12})", str(value))
+        header = re.search(r'#include "([^"]+)"', str(value))
+        if m:
+            return f"cuda_src {m.group(1)}..." + (f", {header.group(1)}" if header else "")
+        return repr(value)[:60]
+    return str(value)
+
+
+def explain_miss(directory: Path, parts: dict) -> str:
+    """One line: why no valid entry in ``directory`` matches ``parts`` (the
+    key parts in which the closest entry for the same kernel differs)."""
+    key = cache_key(parts)
+    if (directory / f"{key}.json").is_file():
+        if not (directory / f"{key}.cubin").is_file():
+            return (f"the entry's record {key}.json is there but not its .cubin (copied without the "
+                    "*.cubin files? .gitignore ignores them)")
+        return "an entry with this key exists but is unreadable or fails its SHA-256 check (it is rebuilt)"
+    metas = []
+    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+        with contextlib.suppress(OSError, ValueError):
+            metas.append(json.loads(path.read_text()))
+    same = [m for m in metas if isinstance(m, dict) and m.get("name_expression") == parts["name_expression"]]
+    if not same:
+        return f"no entry for this kernel among the {len(metas)} entries in {directory}"
+
+    def differing(meta):
+        there = meta.get("key") or {"format": meta.get("format")}
+        return [p for p in parts if there.get(p) != parts[p]]
+
+    best = min(same, key=lambda m: len(differing(m)))
+    there = best.get("key") or {"format": best.get("format")}
+    notes = []
+    for p in differing(best):
+        if p == "options":
+            here_o, there_o = parts[p], there.get(p) or []
+            extra = [o for o in here_o if o not in there_o]
+            missing = [o for o in there_o if o not in here_o]
+            notes.append(f"options (here only: {' '.join(extra) or '-'}; entry only: {' '.join(missing) or '-'})")
+        else:
+            notes.append(f"{p} (here {_short(p, parts[p])}, entry {_short(p, there.get(p))})")
+    return (f"{len(same)} entr{'y' if len(same) == 1 else 'ies'} for this kernel; the closest differs in "
+            + "; ".join(notes))
 
 
 def _read_entry(directory: Path, key: str):
@@ -195,12 +357,17 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def _write_entry(directory: Path, key: str, cubin: bytes, mangled: str, name_expr: str) -> Path:
+def _write_entry(directory: Path, key: str, cubin: bytes, mangled: str, name_expr: str,
+                 parts: dict | None = None, **info) -> Path:
+    """Write one entry (cubin first, then its JSON record: the commit).
+    ``parts`` (the key's :func:`key_parts`) and ``info`` go into the record."""
     directory.mkdir(parents=True, exist_ok=True)
     cubin_path = directory / f"{key}.cubin"
     _write_atomic(cubin_path, cubin)
     meta = {"format": _CACHE_FORMAT, "mangled": mangled, "sha256": hashlib.sha256(cubin).hexdigest(),
-            "name_expression": name_expr}
+            "name_expression": name_expr, **info}
+    if parts is not None:
+        meta["key"] = parts
     _write_atomic(directory / f"{key}.json", json.dumps(meta).encode())
     return cubin_path
 
@@ -217,37 +384,98 @@ def disk_cache_enabled() -> bool:
     return not (_env.DISABLE_CACHE or _env._flag("CUPY_CACHE_IN_MEMORY"))
 
 
-def _load_or_compile(cupy, src: str, name_expr: str):
-    """The kernel from cugemm8's disk cache, or compiled with NVRTC (and
-    cached when :func:`disk_cache_enabled`).
+def _compile_cubin(cupy, src: str, opts, name_expr: str) -> tuple[bytes, str, dict]:
+    """(cubin, mangled name, record info) of one NVRTC build: the step a
+    disk-cache miss and :func:`prebuild` share."""
+    _device.check_nvrtc_matches_cupy()
+    try:
+        cubin, _, lowered = _nvrtc_compile(src, opts, [name_expr], "cubin")
+    except RuntimeError as exc:
+        raise cupy.cuda.compiler.CompileException(str(exc), src, "cugemm8.cu", opts, "nvrtc") from None
+    with _locks_guard:
+        stats.compiles += 1
+    loaded = ".".join(map(str, _device.nvrtc_version()))
+    if _env.JIT_DEBUG and not nvrtc_release().startswith(loaded + ".") and nvrtc_release() != loaded:
+        print(f"[cugemm8.jit] note: the key says NVRTC {nvrtc_release()} but NVRTC {loaded} is loaded",
+              file=sys.stderr)
+    return cubin, lowered[name_expr], {"nvrtc_loaded": loaded}
 
-    The key holds no NVRTC version (reading it would load NVRTC on every
-    warm start): a cached cubin stays valid sm_90a code under another NVRTC,
-    so an NVRTC upgrade alone keeps using it.  Remove :func:`cache_dir` to
-    rebuild everything with the new compiler."""
+
+def _load_or_compile(cupy, src: str, name_expr: str):
+    """``(kernel, how)``: the kernel from cugemm8's disk cache (``how`` is
+    ``"disk"``), or compiled with NVRTC (``"compiled"``) and cached when
+    :func:`disk_cache_enabled`.
+
+    The key (:func:`key_parts`) carries the NVRTC release, read from its
+    wheel's metadata: a hit still loads no NVRTC, and a new NVRTC rebuilds
+    (an entry of the old one stays on disk until :func:`cache_dir` is
+    cleaned)."""
     opts = nvrtc_options()
-    key = cache_key(src, opts, name_expr, cupy.__version__)
+    parts, key = _key_here(cupy, src, opts, name_expr)
     directory = cache_dir()
     use_disk = disk_cache_enabled()
     if use_disk:
         hit = _read_entry(directory, key)
         if hit is not None:
             try:
-                return _load(cupy, *hit)
+                kern = _load(cupy, *hit)
+                with _locks_guard:
+                    stats.disk_hits += 1
+                return kern, "disk"
             except cupy.cuda.driver.CUDADriverError:
                 pass   # e.g. a cubin a newer NVRTC wrote for an older driver: rebuild below
-    _device.check_nvrtc_matches_cupy()
-    try:
-        cubin, _, lowered = _nvrtc_compile(src, opts, [name_expr], "cubin")
-    except RuntimeError as exc:
-        raise cupy.cuda.compiler.CompileException(str(exc), src, "cugemm8.cu", opts, "nvrtc") from None
-    mangled = lowered[name_expr]
+        elif _env.JIT_DEBUG:
+            print(f"[cugemm8.jit] disk-cache miss for {name_expr}: {explain_miss(directory, parts)}",
+                  file=sys.stderr)
+    cubin, mangled, info = _compile_cubin(cupy, src, opts, name_expr)
     if not use_disk:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "kernel.cubin"
             path.write_bytes(cubin)
-            return _load(cupy, path, mangled)
-    return _load(cupy, _write_entry(directory, key, cubin, mangled, name_expr), mangled)
+            return _load(cupy, path, mangled), "compiled"
+    return _load(cupy, _write_entry(directory, key, cubin, mangled, name_expr, parts, **info), mangled), "compiled"
+
+
+@dataclasses.dataclass
+class PrebuildResult:
+    """What :func:`prebuild` did for one kernel."""
+    name_expr: str
+    path: Path               # the entry's cubin
+    status: str              # "compiled", or "cached" (a valid entry was there)
+    seconds: float
+    size: int                # cubin bytes
+
+
+def lookup(header: str, name_expr: str) -> tuple[dict, str, tuple | None]:
+    """``(key parts, key, hit)`` for ``name_expr`` in :func:`cache_dir`, as
+    the loader computes them (no GPU, no NVRTC); ``hit`` is ``(cubin path,
+    mangled name)`` of a valid entry, else None (see :func:`explain_miss`)."""
+    import cupy
+    parts, key = _key_here(cupy, build_source(header), nvrtc_options(), name_expr)
+    return parts, key, _read_entry(cache_dir(), key)
+
+
+def prebuild(header: str, name_expr: str) -> PrebuildResult:
+    """Compile ``name_expr`` into the disk cache without a GPU.
+
+    Same source, options, key and entry format as a disk-cache miss of
+    :func:`get_kernel`, so a GPU process with the same cugemm8 sources, CuPy
+    version and NVRTC release loads the entry without compiling, wherever
+    the cache directory was built (``cugemm8 warmup --compile-only``).  A
+    valid entry already there is kept.  Needs CuPy and NVRTC, not a GPU;
+    raises ``cupy.cuda.compiler.CompileException`` on a compile error.
+    """
+    import cupy
+    t0 = time.perf_counter()
+    src, opts = build_source(header), nvrtc_options()
+    parts, key = _key_here(cupy, src, opts, name_expr)
+    directory = cache_dir()
+    hit = _read_entry(directory, key)
+    if hit is not None:
+        return PrebuildResult(name_expr, hit[0], "cached", time.perf_counter() - t0, hit[0].stat().st_size)
+    cubin, mangled, info = _compile_cubin(cupy, src, opts, name_expr)
+    path = _write_entry(directory, key, cubin, mangled, name_expr, parts, **info)
+    return PrebuildResult(name_expr, path, "compiled", time.perf_counter() - t0, len(cubin))
 
 
 def get_kernel(header: str, name_expr: str, *, max_dynamic_smem: int = 0):
@@ -275,7 +503,7 @@ def get_kernel(header: str, name_expr: str, *, max_dynamic_smem: int = 0):
         src = build_source(header)
         if _env.DUMP_DIR:
             _dump(header, name_expr, src, compile_options())
-        kern = _load_or_compile(cupy, src, name_expr)
+        kern, how = _load_or_compile(cupy, src, name_expr)
         if max_dynamic_smem:
             kern.max_dynamic_shared_size_bytes = max_dynamic_smem
         dt = time.perf_counter() - t0
@@ -283,7 +511,8 @@ def get_kernel(header: str, name_expr: str, *, max_dynamic_smem: int = 0):
             stats.builds += 1
             stats.seconds += dt
         if _env.JIT_DEBUG:
-            print(f"[cugemm8.jit] {name_expr}: built in {dt * 1e3:.1f} ms "
+            print(f"[cugemm8.jit] {name_expr}: {'loaded from disk' if how == 'disk' else 'compiled'} "
+                  f"in {dt * 1e3:.1f} ms "
                   f"(regs={kern.num_regs}, local={kern.local_size_bytes} B)",
                   file=sys.stderr)
         if _env.PTXAS_VERBOSE:
@@ -371,19 +600,59 @@ def _nvrtc_compile(src: str, opts: tuple, names, want: str):
         nvrtc.destroyProgram(prog)
 
 
+def _wheel_tool_dirs() -> list[tuple[str, int]]:
+    """``(bin folder, CUDA major)`` of the NVIDIA pip wheels on ``sys.path``.
+
+    CUDA 13 wheels share ``nvidia/cu13/bin`` (nvidia-cuda-nvcc, -cuobjdump,
+    -nvdisasm); CUDA 12 wheels are splayed, ptxas being in
+    nvidia-cuda-nvcc-cu12's ``nvidia/cuda_nvcc/bin``.
+    """
+    found, seen = [], set()
+    for sp in sys.path:
+        root = os.path.join(sp or os.curdir, "nvidia")
+        if not os.path.isdir(root):
+            continue
+        for sub in sorted(os.listdir(root)):
+            m = re.fullmatch(r"cu(\d+)", sub)
+            major = int(m.group(1)) if m else 12 if sub == "cuda_nvcc" else None
+            path = os.path.realpath(os.path.join(root, sub, "bin"))
+            if major is not None and path not in seen and os.path.isdir(path):
+                seen.add(path)
+                found.append((path, major))
+    return sorted(found, key=lambda dm: -dm[1])         # newest CUDA first
+
+
 def find_tool(name: str) -> str | None:
-    """Locate ``ptxas`` / ``cuobjdump``: PATH, CUDA_HOME, /usr/local/cuda, pip wheels."""
+    """Path of a CUDA binary tool (``ptxas``, ``cuobjdump``, ``nvdisasm``), or None.
+
+    The first executable found, in this order:
+
+    1. the NVIDIA wheels of this environment of the CUDA major of the NVRTC
+       CuPy loads (the ``test`` extra's nvidia-cuda-nvcc-cu12 puts ptxas 12.9
+       beside NVRTC 12.9, so the SASS checks see what the JIT builds);
+    2. ``PATH``;
+    3. ``$CUDA_PATH/bin``, ``$CUDA_HOME/bin``, ``/usr/local/cuda/bin``;
+    4. NVIDIA wheels of a newer CUDA major (cuobjdump / nvdisasm exist only as
+       CUDA 13 wheels, and read CUDA 12 cubins).  Wheels of an older major
+       are skipped: an older ptxas rejects the newer PTX ISA.
+    """
+    try:
+        nvrtc_major = _device.nvrtc_version()[0]
+    except Exception:       # no CuPy / NVRTC: any wheel will do
+        nvrtc_major = None
+    wheels = _wheel_tool_dirs()
+    dirs = [d for d, major in wheels if nvrtc_major in (None, major)]
     found = shutil.which(name)
     if found:
-        return found
-    cands = [os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", name),
-             os.path.join("/usr/local/cuda/bin", name)]
-    for sp in sys.path:
-        for sub in ("nvidia/cu13/bin", "nvidia/cuda_nvcc/bin", "nvidia/cu12/bin"):
-            cands.append(os.path.join(sp, sub, name))
-    for c in cands:
-        if os.path.isfile(c) and os.access(c, os.X_OK):
-            return c
+        dirs.append(os.path.dirname(found))
+    dirs += [os.path.join(os.environ[v], "bin") for v in ("CUDA_PATH", "CUDA_HOME")
+             if os.environ.get(v)]
+    dirs.append("/usr/local/cuda/bin")
+    dirs += [d for d, major in wheels if nvrtc_major is not None and major > nvrtc_major]
+    for d in dirs:
+        cand = os.path.join(d, name)
+        if os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
     return None
 
 

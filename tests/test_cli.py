@@ -64,7 +64,7 @@ def test_info_reports_cache_dir(tmp_path):
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["check", "--help"], ["info", "--help"],
-                                  ["warmup", "--help"]])
+                                  ["warmup", "--help"], ["configs", "--help"]])
 def test_help(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(argv)
@@ -125,12 +125,90 @@ def test_warmup_bad_file_exits_2(tmp_path, capsys):
 
 
 @pytest.mark.compile
-def test_warmup_compile_only_one_shape(tmp_path, capsys):
+def test_warmup_compile_only_one_shape(tmp_path, capsys, monkeypatch):
+    """--compile-only writes one disk-cache entry per kernel; a second run
+    finds it there (no GPU; the prebuilt-cache tests are in test_prebuilt_cache.py)."""
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path / "cache"))
     path = _shapes_file(tmp_path, [{"kind": "normal", "m": 128, "n": 7168, "k": 2048}])
-    rc = cli.main(["warmup", "--shapes", path, "--compile-only"])
+    rc = cli.main(["warmup", "--shapes", path, "--compile-only", "--no-quant"])
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert "1 kernels compiled" in out and "ok" in out and "regs" in out
+    assert "1 of 1 kernels written to" in out and "compiled, " in out and "KiB cubin" in out
+    assert len(list((tmp_path / "cache" / "cugemm8").glob("*.cubin"))) == 1
+    assert cli.main(["warmup", "--shapes", path, "--compile-only", "--no-quant"]) == 0
+    assert "cached, " in capsys.readouterr().out
+
+
+def test_warmup_compile_only_needs_the_disk_cache(tmp_path, monkeypatch, capsys):
+    from cugemm8 import _env
+    monkeypatch.setattr(_env, "DISABLE_CACHE", True)
+    path = _shapes_file(tmp_path, [{"m": 64, "n": 2112, "k": 7168}])
+    if cli.nvrtc_reason() is not None:
+        pytest.skip("no NVRTC here: --compile-only stops before the cache check")
+    assert cli.main(["warmup", "--shapes", path, "--compile-only"]) == 2
+    assert "writes the disk cache" in capsys.readouterr().err
+
+
+def test_warmup_check_cache_reports_misses(tmp_path, monkeypatch, capsys):
+    """--check-cache compiles nothing and needs no GPU: an empty cache is all misses (exit 1)."""
+    pytest.importorskip("cupy")
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path / "cache"))
+    path = _shapes_file(tmp_path, [{"m": 64, "n": 2112, "k": 7168}])
+    assert cli.main(["warmup", "--shapes", path, "--check-cache", "--num-sms", "132"]) == 1
+    out = capsys.readouterr().out
+    assert "0 of 13 kernels" in out and "MISS: no entry for this kernel" in out
+    assert "NVRTC " in out and "CuPy " in out
+
+
+def test_quant_jobs_cover_every_quantiser():
+    from cugemm8 import quant
+    jobs = cli.quant_jobs()
+    assert sorted(j.name for j in jobs) == sorted(quant.all_kernel_names())
+    assert {j.header for j in jobs} == {quant._HEADER}
+
+
+def test_text_shapes_files_and_presets(tmp_path):
+    text = tmp_path / "shapes.txt"
+    text.write_text("# kind m n k groups\n\nnormal 64 2112 7168\n  masked 256 7168 2048 4  # decode\n")
+    assert cli.load_shapes(str(text)) == [cli.Shape("normal", 64, 2112, 7168, 1),
+                                          cli.Shape("masked", 256, 7168, 2048, 4)]
+    for bad in ("normal 64 2112", "dense 1 8 16", "normal 1 7 16", "normal x 8 16", "normal 1 8 16 1 1"):
+        text.write_text(bad + "\n")
+        with pytest.raises(ValueError, match=r"shapes\.txt:1"):
+            cli.load_shapes(str(text))
+    check = cli.load_shapes("@check")
+    normal = [s for s in check if s.kind == "normal"]
+    assert len(normal) == 4 * 7 and {(s.n, s.k) for s in normal} == set(cli.DEEPSEEK_NK)
+    # check's contiguous group sizes vary in [0.7, 1.3] x 1024 rows, each padded to 128
+    m_sums = [s.m for s in check if s.kind == "contiguous"]
+    assert min(m_sums) == 4 * 768 and max(m_sums) == 4 * 1408 and all(m % 128 == 0 for m in m_sums)
+    assert len(cli.load_shapes("@check-quick")) < len(check)
+
+
+def test_every_name_of_the_old_module_is_still_importable():
+    """cugemm8/cli.py became a package: what benches and tests imported from it stays."""
+    old = ["DEEPSEEK_NK", "CHECK_MS", "BLOCK", "E4M3_MAX", "MIN_AMAX", "DIFF_LIMIT", "POISON_BITS",
+           "_ceil_div", "Shape", "check_shapes", "e4m3_values", "encode_e4m3", "quantize_blocks",
+           "random_quantized", "_group_sizes", "make_operands", "dequantize", "_ref_rows",
+           "TC_MANTISSA_BITS", "MMA_K", "_ref_and_bound_rows", "_group_parts", "reference", "calc_diff",
+           "bf16_to_f64", "gemm_flops", "gemm_bytes", "valid_rows", "poisoned_out", "gemm_call",
+           "config_string", "time_us", "make_l2_flush", "CheckResult", "_one_line", "gpu_reason",
+           "nvrtc_reason", "_check_values", "check_one", "_fmt", "CHECK_COLUMNS", "_check_row", "_numeric",
+           "print_table", "_progress", "cmd_check", "_try", "_dist_version", "_cuda_version", "cache_dir",
+           "_dir_usage", "_gpu_lines", "info_lines", "cmd_info", "bench_script", "cmd_bench", "load_shapes",
+           "WarmupJob", "_positive_int", "plan_warmup", "_compile_only", "_load_on_gpu", "cmd_configs",
+           "cmd_warmup", "SUBCOMMANDS", "build_parser", "main"]
+    missing = [name for name in old if not hasattr(cli, name)]
+    assert not missing, missing
+    from cugemm8 import _shapes
+    assert cli.DEEPSEEK_NK is _shapes.DEEPSEEK_NK and cli.Shape is _shapes.Shape
+    assert len(cli.DEEPSEEK_NK) == 7 and (576, 7168) in cli.DEEPSEEK_NK
+
+
+def test_python_m_cugemm8_cli_still_runs():
+    res = subprocess.run([sys.executable, "-m", "cugemm8.cli", "--version"], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=str(REPO))
+    assert res.returncode == 0 and res.stdout.startswith("cugemm8 "), res.stderr
 
 
 # ----------------------------------------------------------------------------
@@ -281,9 +359,72 @@ def test_bench_help_forwarded(capsys):
 
 
 def test_bench_missing_script(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(cli, "bench_script", lambda: tmp_path / "bench_gemm.py")
+    from cugemm8.cli import bench
+    monkeypatch.setattr(bench, "bench_script", lambda: tmp_path / "bench_gemm.py")
     assert cli.main(["bench"]) == 2
     assert "not here" in capsys.readouterr().out
+
+
+def _one_error_line(res, start):
+    assert "Traceback" not in res.stderr, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(start), res.stderr
+    return lines[0]
+
+
+@pytest.mark.skipif(gpu_skip_reason() is None, reason="a Hopper GPU is usable here")
+def test_bench_without_gpu_exits_2_like_check():
+    res = _run("bench", "--quick")
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    _one_error_line(res, "cugemm8 bench: no usable Hopper GPU: ")
+
+
+def test_bench_bad_from_json_is_one_line_exit_2(tmp_path):
+    res = _run("bench", "--from-json", str(tmp_path / "missing.json"))
+    assert res.returncode == 2
+    assert "No such file" in _one_error_line(res, "cugemm8 bench: cannot read --from-json ")
+    (tmp_path / "bad.json").write_text("{not json")
+    res = _run("bench", "--from-json", str(tmp_path / "bad.json"))
+    assert res.returncode == 2
+    _one_error_line(res, "cugemm8 bench: --from-json ")
+    (tmp_path / "other.json").write_text("[1, 2]")
+    assert cli.main(["bench", "--from-json", str(tmp_path / "other.json")]) == 2
+
+
+def test_bench_plot_without_matplotlib_exits_nonzero(tmp_path, monkeypatch, capsys):
+    saved = tmp_path / "bench.json"
+    _fake_results(saved)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)       # import matplotlib -> ImportError
+    rc = cli.main(["bench", "--from-json", str(saved), "--plot", str(tmp_path / "b.png")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--plot needs matplotlib" in err, err
+    assert not (tmp_path / "b.png").exists()
+    assert cli.main(["bench", "--from-json", str(saved), "--plot", str(tmp_path / "no" / "b.png")]) == 2
+
+
+def test_bench_plot_step_failure_exits_1(tmp_path, monkeypatch, capsys):
+    """The plot step fails after the report (bench_gemm.main swallows an
+    ImportError there; any other error would be a traceback): one line, exit 1."""
+    pytest.importorskip("matplotlib")
+    from cugemm8.cli import bench
+    saved = tmp_path / "bench.json"
+    _fake_results(saved)
+    real_load = bench._load_module
+
+    for error in (ImportError("no backend"), ValueError("no row has a time to plot")):
+        def load(path, error=error):
+            module = real_load(path)
+
+            def broken(*args, **kwargs):
+                raise error
+            module.plot_results = broken
+            return module
+        monkeypatch.setattr(bench, "_load_module", load)
+        rc = cli.main(["bench", "--from-json", str(saved), "--plot", str(tmp_path / "b.png")])
+        captured = capsys.readouterr()
+        assert rc == 1, captured
+        assert f"cugemm8 bench: --plot {tmp_path / 'b.png'} failed: {type(error).__name__}" in captured.err
+        assert "cugemm8 FP8 GEMM benchmark" in captured.out            # the report came first
 
 
 def test_configs_prints_the_heuristic_table(tmp_path, capsys):
@@ -294,3 +435,50 @@ def test_configs_prints_the_heuristic_table(tmp_path, capsys):
     assert cli.main(["configs", "--shapes", shapes, "--num-sms", "131"]) == 0
     assert "k2" not in capsys.readouterr().out            # 66 pairs (132 CTAs) no longer fit
     assert cli.main(["configs", "--shapes", str(tmp_path / "missing.json")]) == 2
+
+
+def test_main_job_data_and_references_need_neither_curand_nor_cublas():
+    """The cuda12 / cuda13 extras bring NVRTC and the runtime only: the main
+    job's GPU data generator and float64 product are cugemm8's own kernels
+    (cli._data.Rng, matmul_nt), never cupy.random or the cuBLAS matmul."""
+    import inspect
+    import io
+    import tokenize
+    from cugemm8.cli import _data
+    toks = tokenize.generate_tokens(io.StringIO(inspect.getsource(_data)).readline)
+    code = " ".join(t.string for t in toks if t.type not in (tokenize.STRING, tokenize.COMMENT))
+    assert "random . RandomState" not in code.replace("np . random . RandomState", "")
+    assert "xp . random" not in code and "cupy . random" not in code
+    assert code.count("@") == 1      # matmul_nt's NumPy branch only
+    rs = _data.Rng(np, 3)
+    x = rs.standard_normal((4, 6))
+    assert x.dtype == np.float32 and x.shape == (4, 6)
+    u = rs.randint(-3, 4, (50,))
+    assert u.dtype == np.int32 and u.min() >= -3 and u.max() <= 3
+    a, b = rng_arrays = (np.arange(12.0).reshape(3, 4), np.arange(8.0).reshape(2, 4))
+    out = np.ones((3, 2))
+    _data.matmul_nt(a, b, np, out=out, accumulate=True)
+    assert np.array_equal(out, a @ b.T + 1) and rng_arrays
+
+
+def test_the_gpu_random_and_matmul_kernels_compile():
+    """Both kernels through NVRTC (no GPU needed): the matmul as written, the
+    generator's hash body inside a minimal kernel."""
+    pytest.importorskip("cupy")
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+        nvrtc.getVersion()
+    except Exception as exc:
+        pytest.skip(f"NVRTC unavailable: {exc}")
+    from cugemm8.cli import _data
+    body = ('extern "C" __global__ void f(unsigned long long key, float* out) {'
+            ' long long i = threadIdx.x; float y; ' + _data.Rng._SRC +
+            ' y = (float)(h[0] >> 40) + (float)(h[1] >> 40); out[i] = y; }')
+    for name, src in (("matmul", _data._MATMUL_NT), ("rng", body)):
+        prog = nvrtc.createProgram(src, f"{name}.cu", (), ())
+        try:
+            nvrtc.compileProgram(prog, ("-arch=compute_90",))
+        except nvrtc.NVRTCError:
+            raise AssertionError(f"{name}: {nvrtc.getProgramLog(prog)}") from None
+        finally:
+            nvrtc.destroyProgram(prog)

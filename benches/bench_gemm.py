@@ -39,7 +39,8 @@ if str(_HERE) not in sys.path:
 if (_HERE.parent / "cugemm8").is_dir() and str(_HERE.parent) not in sys.path:
     sys.path.insert(1, str(_HERE.parent))          # benchmark the checkout it lives in
 
-from cugemm8.cli import (DEEPSEEK_NK, Shape, bf16_to_f64, calc_diff, config_string,  # noqa: E402
+from cugemm8._shapes import DEEPSEEK_NK  # noqa: E402
+from cugemm8.cli import (Shape, bf16_to_f64, calc_diff, config_string,  # noqa: E402
                          gemm_bytes, gemm_call, make_operands, poisoned_out, print_table,
                          reference, valid_rows)
 from cugemm8.cli import _group_parts as group_parts  # noqa: E402
@@ -321,55 +322,154 @@ def print_report(meta: dict, rows: list[dict], summary: dict) -> None:
 # Plot
 # ----------------------------------------------------------------------------
 
+def _plot_groups(rows: list[dict]) -> list[tuple[str, int, int]]:
+    """(heading, first index, last index + 1) of each run of rows that share a
+    kind (and, for normal GEMMs, an M), in row order."""
+    groups = []
+    for i, r in enumerate(rows):
+        name = f"normal, M = {r['m']}" if r["kind"] == "normal" else r["kind"]
+        if groups and groups[-1][0] == name:
+            groups[-1][2] = i + 1
+        else:
+            groups.append([name, i, i + 1])
+    return [tuple(g) for g in groups]
+
+
+def _plot_label(r: dict) -> str:
+    """Tick label of one shape: M×N×K, or G×M×N×K for grouped kinds."""
+    return r["label"].replace("x", "×")
+
+
+def _plain(v, _pos=None) -> str:
+    """A log-axis tick as a plain number (200, not 2 x 10^2)."""
+    return f"{v:g}"
+
+
+def _plain_2_5(v, _pos=None) -> str:
+    """Minor log-axis ticks: label only the 2s and 5s of each decade."""
+    text = f"{v:g}"
+    return text if text[0] in "25" else ""
+
+
 def plot_results(meta: dict, rows: list[dict], path: str) -> None:
-    """Bar chart of TFLOPS per shape (cugemm8, cuBLASLt, DeepGEMM) and a
-    roofline panel (TFLOPS vs FLOP/byte, FP8 peak and copy-bandwidth roofs)."""
+    """Three panels over the shapes, grouped by kind (and M for normal GEMMs):
+    cugemm8's speed-up over cuBLASLt and over DeepGEMM's H200 figure on a
+    linear axis (1.0 = parity, the 1.10x target marked); TFLOPS of the three;
+    and a roofline (TFLOPS against FLOP per byte, FP8 peak and copy roofs).
+    The title names the cugemm8 version, commit, device and timer."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     rows = [r for r in rows if r.get("tflops")]
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(12.0, 0.42 * len(rows) + 4), 12))
+    if not rows:
+        raise ValueError("no row has a time to plot")
+    groups = _plot_groups(rows)
     x = list(range(len(rows)))
-    series = (("cugemm8", "tflops", "tab:blue"), ("cuBLASLt blockwise", "base_tflops", "tab:gray"),
-              ("DeepGEMM H200", "anchor_tflops", "tab:orange"))
-    width = 0.27
-    for i, (name, key, color) in enumerate(series):
-        vals = [r.get(key) or 0.0 for r in rows]
-        ax1.bar([v + (i - 1) * width for v in x], vals, width, label=name, color=color)
-    targets = [r.get("target_tflops") for r in rows]
-    ax1.scatter([v for v, t in zip(x, targets) if t], [t for t in targets if t], marker="_", s=120,
-                color="black", label="target (1.10× DeepGEMM)", zorder=3)
-    ax1.set_xticks(x, [f"{r['kind'][:4]} {r['label']}" for r in rows], rotation=90, fontsize=7)
-    ax1.set_yscale("log")
-    ax1.set_ylabel("TFLOPS")
-    ax1.set_title(f"cugemm8 FP8 GEMM on {meta.get('device', '?')}")
-    ax1.legend(fontsize=8)
-    ax1.grid(axis="y", alpha=0.3)
+    width = max(13.0, 0.36 * len(rows) + 4)
+    fig = plt.figure(figsize=(width, 16), layout="constrained")
+    grid = fig.add_gridspec(3, 1, height_ratios=(1.15, 1.0, 0.9))
+    ax_ratio = fig.add_subplot(grid[0])
+    ax_tf = fig.add_subplot(grid[1], sharex=ax_ratio)
+    ax_roof = fig.add_subplot(grid[2])
+    colors = {"cugemm8": "tab:blue", "cuBLASLt": "tab:gray", "DeepGEMM": "tab:orange"}
 
+    def separate(ax, labels: bool) -> None:
+        for _, lo, _ in groups[1:]:
+            ax.axvline(lo - 0.5, color="black", lw=0.8, alpha=0.5)
+        if labels:
+            for name, lo, hi in groups:
+                ax.text((lo + hi - 1) / 2, 1.01, name, transform=ax.get_xaxis_transform(),
+                        ha="center", va="bottom", fontsize=10, fontweight="bold")
+
+    # Panel 1: speed-up, linear.
+    half = 0.38
+    ratios = (("× cuBLASLt (same run)", "ratio_base", colors["cuBLASLt"]),
+              ("× DeepGEMM (H200 figure)", "ratio_anchor", colors["DeepGEMM"]))
+    top = max([r.get(key) or 0.0 for r in rows for _, key, _ in ratios] + [TARGET_FACTOR])
+    for i, (name, key, color) in enumerate(ratios):
+        xs = [v + (i - 0.5) * half for v in x]
+        vals = [r.get(key) for r in rows]
+        ax_ratio.bar([p for p, v in zip(xs, vals) if v], [v for v in vals if v], half, label=name, color=color)
+        for p, v in zip(xs, vals):
+            if v:
+                ax_ratio.text(p, v + 0.01 * top, f"{v:.2f}", ha="center", va="bottom", rotation=90, fontsize=8)
+    for p, r in zip(x, rows):                  # why a cuBLASLt bar is missing
+        status = r.get("base_status") or ""
+        if not r.get("ratio_base") and status:
+            ax_ratio.text(p - 0.5 * half, 0.02 * top, "wrong" if status.startswith("wrong") else "n/a",
+                          ha="center", va="bottom", rotation=90, fontsize=7, color="dimgray")
+    ax_ratio.axhline(1.0, color="black", lw=1.0, label="1.0: as fast")
+    ax_ratio.axhline(TARGET_FACTOR, color="tab:red", lw=1.0, ls="--",
+                     label=f"target: {TARGET_FACTOR:.2f}× DeepGEMM")
+    ax_ratio.set_ylim(0, top * 1.2)
+    ax_ratio.yaxis.set_major_locator(MaxNLocator(nbins=12, steps=[1, 2, 2.5, 5, 10]))
+    ax_ratio.set_ylabel("cugemm8 speed-up (×, linear)", fontsize=11)
+    ax_ratio.grid(axis="y", alpha=0.3)
+    ax_ratio.legend(loc="upper left", fontsize=9, ncol=4, framealpha=0.9)
+    ax_ratio.tick_params(axis="x", labelbottom=False)
+    separate(ax_ratio, labels=True)
+
+    # Panel 2: TFLOPS, log (the shapes span 30-1500 TFLOPS).
+    third = 0.27
+    series = (("cugemm8", "tflops"), ("cuBLASLt blockwise (same run)", "base_tflops"),
+              ("DeepGEMM (H200 figure)", "anchor_tflops"))
+    for i, ((name, key), color) in enumerate(zip(series, colors.values())):
+        vals = [r.get(key) for r in rows]
+        ax_tf.bar([v + (i - 1) * third for v, t in zip(x, vals) if t], [t for t in vals if t], third,
+                  label=name, color=color)
+    targets = [r.get("target_tflops") for r in rows]
+    ax_tf.scatter([v for v, t in zip(x, targets) if t], [t for t in targets if t], marker="_", s=160,
+                  color="tab:red", label=f"target ({TARGET_FACTOR:.2f}× DeepGEMM)", zorder=3)
+    ax_tf.set_yscale("log")
+    ax_tf.yaxis.set_major_formatter(FuncFormatter(_plain))
+    ax_tf.yaxis.set_minor_formatter(FuncFormatter(_plain_2_5))
+    ax_tf.set_ylabel("TFLOPS (log)", fontsize=11)
+    ax_tf.grid(axis="y", alpha=0.3, which="both")
+    ax_tf.legend(loc="upper left", fontsize=9, ncol=4, framealpha=0.9)
+    ax_tf.set_xticks(x, [_plot_label(r) for r in rows], rotation=90, fontsize=9)
+    ax_tf.set_xlim(-0.6, len(rows) - 0.4)
+    ax_tf.set_xlabel("shape: M×N×K (normal), G×M×N×K (grouped: G groups of M rows)", fontsize=10)
+    separate(ax_tf, labels=False)
+
+    # Panel 3: roofline.
     peak = meta.get("peak_tflops") or PEAK_TFLOPS
     bw = meta.get("copy_gbps") or 4300.0
     ai = [r["flops"] / r["bytes"] for r in rows]
     lo, hi = min(ai) / 2, max(max(ai) * 2, 4 * peak * 1e3 / bw)
-    grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
-    ax2.plot(grid, [min(peak, a * bw / 1e3) for a in grid], color="black",
-             label=f"roof: {peak:.0f} TFLOPS, {bw:.0f} GB/s copy")
-    colors = {"normal": "tab:blue", "contiguous": "tab:green", "masked": "tab:purple"}
-    for kind, color in colors.items():
+    line = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    ax_roof.plot(line, [min(peak, a * bw / 1e3) for a in line], color="black",
+                 label=f"roof: {peak:.0f} TFLOPS FP8 peak, {bw:.0f} GB/s copy (same run)")
+    kinds = {"normal": "tab:blue", "contiguous": "tab:green", "masked": "tab:purple"}
+    for kind, color in kinds.items():
         pts = [(a, r["tflops"]) for a, r in zip(ai, rows) if r["kind"] == kind]
         if pts:
-            ax2.scatter(*zip(*pts), color=color, label=f"cugemm8 {kind}", zorder=3)
+            ax_roof.scatter(*zip(*pts), color=color, label=f"cugemm8 {kind}", zorder=3)
     base = [(a, r["base_tflops"]) for a, r in zip(ai, rows) if r.get("base_tflops")]
     if base:
-        ax2.scatter(*zip(*base), marker="x", color="tab:gray", label="cuBLASLt blockwise", zorder=2)
-    ax2.set_xscale("log")
-    ax2.set_yscale("log")
-    ax2.set_xlabel("arithmetic intensity (FLOP / byte of A + B + D + scales)")
-    ax2.set_ylabel("TFLOPS")
-    ax2.legend(fontsize=8)
-    ax2.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+        ax_roof.scatter(*zip(*base), marker="x", color="tab:gray", label="cuBLASLt blockwise", zorder=2)
+    ax_roof.set_xscale("log")
+    ax_roof.set_yscale("log")
+    for axis in (ax_roof.xaxis, ax_roof.yaxis):
+        axis.set_major_formatter(FuncFormatter(_plain))
+    ax_roof.yaxis.set_minor_formatter(FuncFormatter(_plain_2_5))
+    ax_roof.set_xlabel("arithmetic intensity: FLOP per byte of A + B + D + scales (log)", fontsize=10)
+    ax_roof.set_ylabel("TFLOPS (log)", fontsize=11)
+    ax_roof.legend(loc="lower right", fontsize=9)
+    ax_roof.grid(alpha=0.3, which="both")
+
+    timers = {r.get("timer") for r in rows}
+    timer = ("CUPTI kernel times" if timers == {"cupti"} else "CUDA-event times" if timers == {"events"}
+             else "CUPTI kernel times where measured, else CUDA events")
+    version = meta.get("cugemm8", "?")
+    commit = f" ({meta['commit']})" if meta.get("commit") else ""
+    fig.suptitle(f"cugemm8 {version}{commit}: FP8 GEMM on {meta.get('device', '?')}", fontsize=15)
+    date = str(meta.get("date", ""))[:10]
+    ax_ratio.set_title(f"{timer}, median of {meta.get('reps', '?')} repetitions, "
+                       f"{meta.get('flush_mb', '?')} MB L2 flush before each; baseline: "
+                       f"{meta.get('baseline', '?')}" + (f"; {date}" if date else ""), fontsize=10, pad=24)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 

@@ -1,0 +1,36 @@
+"""Run one GEMM with forced configurations, a few times each (for ncu):
+
+    python tools/perf/forced_gemm.py M N K "256x128 s3" "256x128 s3 c2A" ...
+
+A config is 'BMxBN sS' with an optional ' c2' / ' c2A' (multicast A) or
+' c2B' (multicast B); the grid is the largest legal one on this device.
+Each config runs RUNS times (default 3) and is then checked against the
+float64 reference."""
+import os
+import sys
+
+sys.path.insert(0, ".")
+sys.path.insert(1, "benches")
+import cupy as cp  # noqa: E402
+
+import cugemm8  # noqa: E402
+from cugemm8 import gemm as G  # noqa: E402
+from cugemm8.cli import Shape, bf16_to_f64, calc_diff, gemm_call, make_operands, poisoned_out, reference  # noqa: E402
+from sweep_configs import parse_config  # noqa: E402
+
+m, n, k = (int(x) for x in sys.argv[1:4])
+shape = Shape("normal", m, n, k)
+ops = make_operands(shape, cp, seed=0)
+ref, _ = reference(ops, shape, cp)
+for text in sys.argv[4:]:
+    cfg = parse_config(text.replace("c2A", "c2"), shape, cugemm8.get_num_sms())
+    if cfg is None:
+        print(f"{text}: not legal here")
+        continue
+    with G._forced_config(cfg):
+        out = poisoned_out(shape, ops, cp)
+        run = gemm_call(shape, ops, out)
+        for _ in range(int(os.environ.get("RUNS", "3"))):
+            run()
+        cp.cuda.runtime.deviceSynchronize()
+    print(f"{m}x{n}x{k} {cfg}: calc_diff {calc_diff(bf16_to_f64(out, cp), ref, cp):.2e}", flush=True)

@@ -99,11 +99,13 @@ class Rng:
         return (self.seed * 0x100000001B3 + self.calls * 0xD1B54A32D192ED03) % (1 << 64)
 
     def _kernel(self, name: str, out_type: str, tail: str):
+        # Concrete parameter types: CuPy never infers a type placeholder
+        # from scalar arguments alone (a "T lo" here raised KeyError: 'T').
         cache = Rng.__dict__.get("_kernels")
         if cache is None:
             cache = Rng._kernels = {}
         if name not in cache:
-            cache[name] = self.xp.ElementwiseKernel("uint64 key, T lo, T span", f"{out_type} y",
+            cache[name] = self.xp.ElementwiseKernel("uint64 key, int32 lo, int32 span", f"{out_type} y",
                                                     self._SRC + tail, f"cugemm8_rng_{name}")
         return cache[name]
 
@@ -116,7 +118,7 @@ class Rng:
         double u1 = ((h[0] >> 11) + 1) * (1.0 / 9007199254740992.0);   // (0, 1]
         double u2 = (h[1] >> 11) * (1.0 / 9007199254740992.0);
         y = (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));""")
-        k(self.xp.uint64(self._key()), self.xp.float32(0), self.xp.float32(0), y)
+        k(self.xp.uint64(self._key()), self.xp.int32(0), self.xp.int32(0), y)
         return y
 
     def randint(self, low: int, high: int, size):

@@ -173,10 +173,17 @@ def load_shapes(path: str) -> list[Shape]:
     """
     if str(path) in PRESETS:
         return preset_shapes(str(path))
+    if str(path).startswith("@"):
+        raise ValueError(f"unknown shapes preset {path}; the presets are {', '.join(sorted(PRESETS))}")
     try:
         text = Path(path).read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read shapes file {path}: {exc}") from None
-    if text.lstrip().startswith("["):
-        return _parse_json(str(path), text)
-    return _parse_text(str(path), text)
+    head = text.lstrip()[:1]
+    if head == "{":
+        raise ValueError(f"shapes file {path}: a JSON shapes file must be a list of objects, "
+                         f"not an object")
+    shapes = _parse_json(str(path), text) if head == "[" else _parse_text(str(path), text)
+    if not shapes:
+        raise ValueError(f"shapes file {path} lists no shapes")
+    return shapes

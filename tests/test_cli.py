@@ -389,6 +389,14 @@ def test_bench_bad_from_json_is_one_line_exit_2(tmp_path):
     _one_error_line(res, "cugemm8 bench: --from-json ")
     (tmp_path / "other.json").write_text("[1, 2]")
     assert cli.main(["bench", "--from-json", str(tmp_path / "other.json")]) == 2
+    # has meta and rows, but not a saved run's (a fresh user's trial crashed in bench_gemm.py)
+    for text, words in (('{"meta": {}, "rows": [{"x": 1}]}', "row 0 lacks kind, m, n, k"),
+                        ('{"meta": 5, "rows": 7}', "'rows' a list"),
+                        ('{"meta": {}, "rows": []}', "no rows")):
+        (tmp_path / "shaped.json").write_text(text)
+        res = _run("bench", "--from-json", str(tmp_path / "shaped.json"))
+        assert res.returncode == 2
+        assert words in _one_error_line(res, "cugemm8 bench: --from-json ")
 
 
 def test_bench_plot_without_matplotlib_exits_nonzero(tmp_path, monkeypatch, capsys):
@@ -482,3 +490,18 @@ def test_the_gpu_random_and_matmul_kernels_compile():
             raise AssertionError(f"{name}: {nvrtc.getProgramLog(prog)}") from None
         finally:
             nvrtc.destroyProgram(prog)
+
+
+def test_shapes_file_edge_cases_are_named(tmp_path):
+    """From a fresh user's trial: a JSON object, an empty file and an unknown
+    preset each get their own message instead of the text-format one."""
+    from cugemm8 import _shapes
+    cases = (("obj.json", '{"not": "a list"}', "must be a list of objects"),
+             ("empty.txt", "# nothing here\n", "lists no shapes"),
+             ("empty.json", "[]", "lists no shapes"))
+    for name, text, words in cases:
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError, match=words):
+            _shapes.load_shapes(str(tmp_path / name))
+    with pytest.raises(ValueError, match="presets are @check, @check-quick"):
+        _shapes.load_shapes("@nope")

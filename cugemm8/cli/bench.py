@@ -42,6 +42,17 @@ def saved_run_problem(path: str) -> str | None:
         return f"--from-json {path} is not JSON: {_one_line(exc)}"
     if not isinstance(data, dict) or not {"meta", "rows"} <= set(data):
         return f"--from-json {path} is not a saved benchmark run (no 'meta' and 'rows'; write one with --json)"
+    meta, rows = data["meta"], data["rows"]
+    if not isinstance(meta, dict) or not isinstance(rows, list):
+        return f"--from-json {path}: 'meta' must be an object and 'rows' a list (write one with --json)"
+    if not rows:
+        return f"--from-json {path} holds no rows: nothing to re-render"
+    need = ("kind", "m", "n", "k")
+    for i, row in enumerate(rows):
+        missing = [key for key in need if not isinstance(row, dict) or key not in row]
+        if missing:
+            return (f"--from-json {path}: row {i} lacks {', '.join(missing)} "
+                    f"(every row of a saved run has {', '.join(need)})")
     return None
 
 

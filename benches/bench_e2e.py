@@ -139,22 +139,13 @@ class Timed:
         return common.Timing(self.samples).median if self.samples else None
 
 
-def _set_pdl(cugemm8, enabled: bool) -> None:
-    setter = getattr(cugemm8, "set_pdl", None)
-    if setter is None:
-        if enabled:
-            raise RuntimeError("cugemm8.set_pdl is missing")
-        return
-    setter(enabled)
-
-
 def _run_once(cugemm8, cp, path: Timed) -> None:
     try:
-        _set_pdl(cugemm8, path.pdl)
+        cugemm8.set_pdl(path.pdl)
         path.fn()
         cp.cuda.runtime.deviceSynchronize()
     finally:
-        _set_pdl(cugemm8, False)
+        cugemm8.set_pdl(False)
 
 
 def _check(cugemm8, cp, path: Timed, pairs) -> None:
@@ -182,13 +173,13 @@ def _time_paths(cugemm8, paths: dict, *, passes: int, reps: int, flush) -> None:
             if not path.ok:
                 continue
             try:
-                _set_pdl(cugemm8, path.pdl)
+                cugemm8.set_pdl(path.pdl)
                 path.samples += _span(path.fn, reps, flush).samples
             except Exception as exc:
                 path.status = _error(exc)
                 path.samples = []
             finally:
-                _set_pdl(cugemm8, False)
+                cugemm8.set_pdl(False)
 
 
 def _us(x) -> str:

@@ -50,6 +50,7 @@ _E4M3_MAX = 448.0
 _INT32_MAX = 2 ** 31 - 1
 _IN_DTYPES = {"float32": "kFloat32", "float16": "kFloat16", "bfloat16": "kBFloat16"}
 _FLAG_EARLY_B = 1                  # fp8_gemm_1d2d.cuh kFlagEarlyB
+_DEFAULT_MIN_AMAX = 1e-4           # the casts' default min_amax (DeepGEMM's recipe), also gemm_fp8's
 
 __all__ = ["per_token_cast_to_fp8", "per_block_cast_to_fp8", "gemm_fp8", "gemm_fp8_workspace_bytes",
            "MIN_AMAX_FLOOR"]
@@ -229,7 +230,7 @@ def _launch_per_block(w, b, sfb, min_amax_f32, pow2_scale: bool, cupy) -> None:
 # Public API
 # ----------------------------------------------------------------------------
 
-def per_token_cast_to_fp8(x: cupy.ndarray, *, min_amax: float = 1e-4, pow2_scale: bool = False
+def per_token_cast_to_fp8(x: cupy.ndarray, *, min_amax: float = _DEFAULT_MIN_AMAX, pow2_scale: bool = False
                           ) -> tuple[cupy.ndarray, cupy.ndarray]:
     """Quantise activations to e4m3fn with one scale per token per 128 K.
 
@@ -311,7 +312,7 @@ def per_token_cast_to_fp8(x: cupy.ndarray, *, min_amax: float = 1e-4, pow2_scale
     return (a[0], sfa[0]) if squeeze else (a, sfa)
 
 
-def per_block_cast_to_fp8(w: cupy.ndarray, *, min_amax: float = 1e-4, pow2_scale: bool = False
+def per_block_cast_to_fp8(w: cupy.ndarray, *, min_amax: float = _DEFAULT_MIN_AMAX, pow2_scale: bool = False
                           ) -> tuple[cupy.ndarray, cupy.ndarray]:
     """Quantise weights to e4m3fn with one scale per 128x128 block.
 
@@ -569,21 +570,19 @@ def _check_workspace(ws, m: int, k: int, fused: bool, others: dict, cupy) -> Non
 
 def _fused_key(a, b, out, workspace, pow2_scale, gemm):
     """The repeated-call cache key of a fused call that can be cached (a
-    workspace, an out, no copies), else None."""
-    if workspace is None or out is None or not isinstance(b, (tuple, list)) or len(b) != 2:
+    workspace, an out, no copies), else None: the GEMMs' own key
+    (:func:`cugemm8.gemm._fast_key`: device, SM budget, every array's
+    signature, ``pow2_scale`` by type and value), with ``(a, workspace)``
+    in the place of the quantised pair."""
+    if workspace is None:
         return None
-    try:
-        device = _device.current_device_id()
-        return ("gemm_fp8 fused", device, _device.get_num_sms(device), gemm._sig(a), gemm._sig(b[0]),
-                gemm._sig(b[1]), gemm._sig(out), gemm._sig(workspace), type(pow2_scale), pow2_scale)
-    except Exception:
-        return None
+    return gemm._fast_key("gemm_fp8 fused", (a, workspace), b, out, pow2_scale)
 
 
 def _gemm_fp8_fused(x, b, out, workspace, pow2_scale, key, cupy, gemm):
     """The fused bf16-in path of :func:`gemm_fp8` (see there): validated
     float ``x`` [m, k], quantised ``b`` pair, ``m, n, k > 0``."""
-    min_amax_f32 = check_quant_options(1e-4, pow2_scale)
+    min_amax_f32 = check_quant_options(_DEFAULT_MIN_AMAX, pow2_scale)
     xk = _in_place_or_copy(_pad_k("a", x, cupy), cupy)
     m, kp = xk.shape
     _, kb, m_pad, off, total = _workspace_layout(m, kp)

@@ -98,16 +98,15 @@ class Rng:
         self.calls += 1
         return (self.seed * 0x100000001B3 + self.calls * 0xD1B54A32D192ED03) % (1 << 64)
 
+    _kernels: dict = {}     # name -> CuPy ElementwiseKernel, shared by every Rng
+
     def _kernel(self, name: str, out_type: str, tail: str):
         # Concrete parameter types: CuPy never infers a type placeholder
         # from scalar arguments alone (a "T lo" here raised KeyError: 'T').
-        cache = Rng.__dict__.get("_kernels")
-        if cache is None:
-            cache = Rng._kernels = {}
-        if name not in cache:
-            cache[name] = self.xp.ElementwiseKernel("uint64 key, int32 lo, int32 span", f"{out_type} y",
-                                                    self._SRC + tail, f"cugemm8_rng_{name}")
-        return cache[name]
+        if name not in Rng._kernels:
+            Rng._kernels[name] = self.xp.ElementwiseKernel(
+                "uint64 key, int32 lo, int32 span", f"{out_type} y", self._SRC + tail, f"cugemm8_rng_{name}")
+        return Rng._kernels[name]
 
     def standard_normal(self, shape):
         """float32 N(0, 1) of ``shape``."""

@@ -238,15 +238,18 @@ struct GemmTraits {
 };
 
 // Bits of the kernel's `flags` argument.
-// kFlagEarlyB: the launch is a programmatic dependent (PDL) of a kernel that
-// writes neither B nor the B scales and that triggered its dependents only
-// after its own griddepcontrol.wait (every cugemm8 kernel does:
-// ptx/griddep.cuh), so B and SFB may be read before this kernel's wait.  The
-// producer then issues the first tile's B loads (up to kNumStages K blocks)
-// before waiting; A, SFA and every write wait as usual.  Normal GEMMs only
-// (the grouped schedulers read their layout before the first tile).  Used by
-// the bf16-in path of cugemm8.gemm_fp8, behind its own per-token quantiser.
-constexpr uint32_t kFlagEarlyB = 1u;
+// (Bit 0 was kFlagEarlyB, v0.9: the producer streamed the first tile's B
+// before griddepcontrol.wait behind cugemm8's own quantiser.  It gained
+// nothing measurable and its run-time branch in the producer's K loop cost
+// 1.2-1.4 us on the 64x32 s16 decode kernels; removed in v0.10,
+// benches/RESULTS.md.)
+// kFlagBEvictFirst: B's loads carry an L2 evict-first hint.  Set by the host
+// when each B tile is read by at most a few CTAs close together in time
+// (gemm.py b_evict_first: decode-sized M, K >= 1536), so B's lines, read
+// once, replace one another in L2 instead of what else L2 holds; with the
+// benches' L2 flush that is dirty data, whose write-back plain loads pay
+// for (benches/RESULTS.md v0.10: the decode GEMMs 1-11 % faster).
+constexpr uint32_t kFlagBEvictFirst = 2u;
 
 // Arguments:
 //   shape_m        rows of A / D (normal), m_sum (contiguous) or m_max (masked)
@@ -257,7 +260,7 @@ constexpr uint32_t kFlagEarlyB = 1u;
 //                  >= shape_m, which are never stored.  A box of M rows moves
 //                  no zero-filled rows through TMA: at M = 1 the 64-row box
 //                  cost up to 1.8x the M = 64 time (benches/RESULTS.md v0.8).
-//   flags          kFlagEarlyB or 0 (above)
+//   flags          kFlagBEvictFirst or 0 (above)
 //   sfb            B scales, row-major [num_groups, ceil(N/128), ceil(K/128)] f32
 //   grouped_layout nullptr (normal), m_indices [m_sum] (contiguous) or masked_m [G] (masked), int32
 //   d_ptr, ld_d    D base and row stride in elements (masked partial-tile stores)
@@ -328,12 +331,9 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
   // Programmatic dependent launch (ptx/griddep.cuh): everything above touched
   // only shared memory and the descriptors.  Every thread waits for the
   // previous grid before its first global access, then lets the next grid
-  // launch; with kFlagEarlyB the producer does both after its B prefetch.
-  const bool early_b = kGemmType == kNormal && (flags & kFlagEarlyB) != 0;
-  if (!early_b || threadIdx.x != producer_leader) {
-    griddep_wait();
-    griddep_launch_dependents();
-  }
+  // launch.
+  griddep_wait();
+  griddep_launch_dependents();
 
   const uint32_t rank = T::kClusterSize > 1 ? cluster_cta_rank() : 0;
   // This CTA's K blocks of every tile (all of them unless K is split).
@@ -389,33 +389,22 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
     if (threadIdx.x == producer_leader) {
       uint32_t stage = 0, phase = 0;
       const uint32_t tx_bytes = T::tx_bytes(a_box_rows);
-      // Issue B's loads for one K block into `stage` (multicast rules as below).
+      // Issue B's loads for one K block into `stage` (multicast rules as
+      // below).  B's L2 policy: evict-first with kFlagBEvictFirst, else
+      // evict-normal (the default of a load without a hint); a select at
+      // each load, not a branch in the K loop, and made there: a 64-bit
+      // policy held across the unrolled loop spilled on the producer's 40
+      // registers.
+      const bool b_evict_first = (flags & kFlagBEvictFirst) != 0;
       auto load_b = [&](uint64_t* bar, uint32_t stage_b, uint32_t kb, int32_t b_row, int32_t b_group) {
         const int32_t k = static_cast<int32_t>(kb * 128);
+        const uint64_t b_policy = b_evict_first ? l2_policy_evict_first() : l2_policy_evict_normal();
         if constexpr (kNumMulticast == 2 && !kMulticastOnA) {
-          if (rank == 0) tma_load_3d_multicast(smem_b(stage_b), &tmap_b, bar, 0b11, k, b_row, b_group);
+          if (rank == 0) tma_load_3d_multicast_hint(smem_b(stage_b), &tmap_b, bar, 0b11, b_policy, k, b_row, b_group);
         } else {
-          tma_load_3d(smem_b(stage_b), &tmap_b, bar, k, b_row, b_group);
+          tma_load_3d_hint(smem_b(stage_b), &tmap_b, bar, b_policy, k, b_row, b_group);
         }
       };
-      // kFlagEarlyB: the first tile's leading K blocks (stages 0, 1, ... are
-      // free on the first lap) get their full barrier's arrival and B's loads
-      // now; the loop below adds A and SFA to them after the wait.
-      uint32_t prefetched = 0;
-      if (early_b) {
-        Scheduler peek = scheduler;          // yields the same first tile as the loop
-        typename Scheduler::Tile first;
-        if (peek.next(first)) {
-          prefetched = constexpr_min(kNumStages, kb_count);
-          #pragma unroll 1
-          for (uint32_t j = 0; j < prefetched; ++j) {
-            mbarrier_arrive_expect_tx(full_bar + j, tx_bytes);
-            load_b(full_bar + j, j, kb_begin + j, static_cast<int32_t>(first.n_block * BLOCK_N), 0);
-          }
-        }
-        griddep_wait();
-        griddep_launch_dependents();
-      }
       while (scheduler.next(tile)) {
         int32_t b_group;
         bool skip, absent;
@@ -427,15 +416,10 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
         const int32_t b_row = static_cast<int32_t>(tile.n_block * BLOCK_N);
         // One K block: wait for the stage, then issue its loads.
         auto load_block = [&](uint32_t kb) {
+          // Wait until every consumer (of every CTA in the cluster) released the stage.
+          mbarrier_wait(empty_bar + stage, phase ^ 1);
           uint64_t* bar = full_bar + stage;
-          const bool b_issued = prefetched != 0;   // kFlagEarlyB: arrival and B already issued
-          if (b_issued) {
-            --prefetched;
-          } else {
-            // Wait until every consumer (of every CTA in the cluster) released the stage.
-            mbarrier_wait(empty_bar + stage, phase ^ 1);
-            mbarrier_arrive_expect_tx(bar, tx_bytes);
-          }
+          mbarrier_arrive_expect_tx(bar, tx_bytes);
           const int32_t k = static_cast<int32_t>(kb * 128);
           if constexpr (kNumMulticast == 2 && kMulticastOnA) {
             if (rank == 0) {
@@ -448,7 +432,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
             tma_load_3d(const_cast<float*>(smem_sfa(stage)), &tmap_sfa, bar, a_row, static_cast<int32_t>(kb),
                         a_group);
           }
-          if (!b_issued) load_b(bar, stage, kb, b_row, b_group);
+          load_b(bar, stage, kb, b_row, b_group);
           if (++stage == kNumStages) stage = 0, phase ^= 1;
         };
         if constexpr (kNumKSplits == 2) {

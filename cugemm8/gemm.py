@@ -296,11 +296,13 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
     ``pdl=True``).
 
     ``rows`` is the per-group row extent of A / SFA / D (m, m_sum or m_max)
-    and ``groups_a`` their group count (1 unless masked); ``flags`` the
-    kernel's flag bits (``kFlagEarlyB``: only behind a cugemm8 kernel that
-    writes neither B nor SFB, see :func:`cugemm8.quant.gemm_fp8`).
+    and ``groups_a`` their group count (1 unless masked); ``flags`` extra
+    kernel flag bits (``kFlagBEvictFirst`` is added by :func:`b_evict_first`'s
+    rule).
     """
     kb = -(-k // 128)
+    if b_evict_first(rows, cfg.block_m, k):
+        flags |= FLAG_B_EVICT_FIRST
     name = _kernel_name(cfg, n, k, _GEMM_TYPE[kind], num_groups)
     kern = _jit.get_kernel(_HEADER, name, max_dynamic_smem=cfg.smem_bytes)
 
@@ -335,6 +337,31 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
             np.uint64(layout.data.ptr) if layout is not None else _NULL, np.uint64(out.data.ptr),
             np.uint32(d_row // 2), tmap_a, tmap_b, tmap_sfa, tmap_d)
     return Launcher(kern, (cfg.num_sms,), (threads,), args, cfg.smem_bytes)
+
+
+#: fp8_gemm_1d2d.cuh kFlagBEvictFirst
+FLAG_B_EVICT_FIRST = 2
+#: the evict-first rule's limits (see b_evict_first); probe switches
+B_EVICT_FIRST_MAX_M_BLOCKS = 4
+B_EVICT_FIRST_MIN_K = 1536
+
+
+def b_evict_first(rows: int, block_m: int, k: int) -> bool:
+    """Whether B's TMA loads carry an L2 evict-first hint (``kFlagBEvictFirst``).
+
+    When the rows of a group (``rows``: m, m_sum or m_max) span at most
+    :data:`B_EVICT_FIRST_MAX_M_BLOCKS` blocks of ``block_m`` rows, each B tile
+    is read by that few CTAs, which the scheduler hands out close together
+    (scheduler.cuh: the m-blocks of a band of n-blocks are consecutive
+    tiles), so B streams through L2 about once, and its lines had better
+    replace one another than what else L2 holds (the caller's activations;
+    in the benches, the L2 flush's dirty lines).  Measured on the H200
+    (``tools/perf/hint_ab.py``, benches/RESULTS.md v0.10): the DeepSeek-V3
+    decode shapes 1-11 % faster with the hint at K >= 1536 and up to 4
+    m-blocks, but 1-9 % slower at K = 512 (four K blocks per tile), hence
+    :data:`B_EVICT_FIRST_MIN_K`.
+    """
+    return k >= B_EVICT_FIRST_MIN_K and -(-rows // block_m) <= B_EVICT_FIRST_MAX_M_BLOCKS
 
 
 def a_box_rows(rows: int, block_m: int) -> int:

@@ -49,7 +49,6 @@ _GROUP = 128
 _E4M3_MAX = 448.0
 _INT32_MAX = 2 ** 31 - 1
 _IN_DTYPES = {"float32": "kFloat32", "float16": "kFloat16", "bfloat16": "kBFloat16"}
-_FLAG_EARLY_B = 1                  # fp8_gemm_1d2d.cuh kFlagEarlyB
 _DEFAULT_MIN_AMAX = 1e-4           # the casts' default min_amax (DeepGEMM's recipe), also gemm_fp8's
 
 __all__ = ["per_token_cast_to_fp8", "per_block_cast_to_fp8", "gemm_fp8", "gemm_fp8_workspace_bytes",
@@ -372,10 +371,9 @@ def gemm_fp8(a: cupy.ndarray | tuple[cupy.ndarray, cupy.ndarray],
     bf16-in path**: ``a`` is quantised 1x128 by the per-token kernel into a
     workspace, and the GEMM is launched as its programmatic dependent
     (``cuLaunchKernelEx`` with programmatic stream serialization, whatever
-    :func:`cugemm8.set_pdl` says): it starts while the quantiser runs, its
-    producer streams the first ``stages`` K blocks of B (the weights, which
-    the quantiser does not write) before ``griddepcontrol.wait``, and only A
-    and its scales wait for the quantiser.  The quantised activations
+    :func:`cugemm8.set_pdl` says): its CTAs launch and set up while the
+    quantiser runs, and its first global access waits for it
+    (``griddepcontrol.wait``).  The quantised activations
     (``m * k`` bytes plus scales) stay in L2 between the two kernels.  The
     output is bit-identical to ``per_token_cast_to_fp8(a)`` followed by
     :func:`cugemm8.gemm_fp8_fp8_bf16_nt` (same kernels, same configuration;
@@ -383,6 +381,8 @@ def gemm_fp8(a: cupy.ndarray | tuple[cupy.ndarray, cupy.ndarray],
     (``benches/bench_e2e.py``, benches/RESULTS.md v0.9): 1.02-1.18x the
     span of the two-launch path, 1.9-4.2x DeepGEMM's cast + GEMM pair, and
     the same as the two launches with :func:`cugemm8.set_pdl` on (0.95-1.05x).
+    (v0.9 also streamed B's first K blocks before the wait; that gained
+    nothing and its branch slowed the GEMM's K loop, so v0.10 removed it.)
     A one-kernel form (idle producer warps quantising each stage in the GEMM)
     was built, bit-identical, and rejected: 2.3-40x slower, each stage's
     conversion being a serial load -> float64 -> store chain, and every CTA
@@ -598,8 +598,7 @@ def _gemm_fp8_fused(x, b, out, workspace, pow2_scale, key, cupy, gemm):
         out = cupy.empty((m, n), dtype=ml_dtypes.bfloat16)
     cfg = gemm._select("normal", m, n, kp, 1)
     # Every descriptor is encoded before the first launch.
-    gemm_launch = gemm._prepare_launch(cfg, "normal", n, kp, 1, m, m, a_q, sfa, b_q, sfb, out, None, 1,
-                                       flags=_FLAG_EARLY_B)
+    gemm_launch = gemm._prepare_launch(cfg, "normal", n, kp, 1, m, m, a_q, sfa, b_q, sfb, out, None, 1)
     quant_launch = _launch_per_token(xk, a_q[None], sfa_buf, min_amax_f32, bool(pow2_scale), cupy,
                                      launch=False)
 

@@ -569,3 +569,14 @@ def test_split_k_skew_rule(bm, k, skew):
     # BLOCK_M = 128 pairs with >= 8 blocks per rank: rank 0 takes 2 more
     # (RESULTS v0.6: -2.1..-2.4 % at K = 7168); BLOCK_M = 64 pairs stay even (+1..3 %).
     assert cfgmod.split_k_skew(bm, k) == skew
+
+
+@pytest.mark.parametrize("rows, block_m, k, want", [
+    (1, 64, 7168, True), (64, 64, 7168, True), (128, 64, 7168, True), (256, 64, 7168, True),
+    (257, 64, 7168, False), (512, 128, 2048, True), (4096, 128, 7168, False),
+    (1, 64, 1536, True), (1, 64, 1535, False), (64, 64, 512, False), (0, 64, 7168, True)])
+def test_b_evict_first_rule(rows, block_m, k, want):
+    """B's L2 evict-first hint: decode-sized M (at most 4 m-blocks) and K >= 1536
+    (benches/RESULTS.md v0.10: slower at K = 512)."""
+    from cugemm8 import gemm as G
+    assert G.b_evict_first(rows, block_m, k) is want

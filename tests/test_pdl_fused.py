@@ -208,7 +208,9 @@ def test_fused_path_quantises_into_the_workspace_then_launches_the_gemm_as_its_d
         assert order[1][0] == "quant launch"
         assert order[2][0] == "pdl"                       # the GEMM: always a programmatic dependent
         args = order[2][1]
-        assert int(args[0]) == m and int(args[2]) == 1    # shape_m, flags = kFlagEarlyB
+        flags = _gemm.FLAG_B_EVICT_FIRST if _gemm.b_evict_first(m, _gemm._select("normal", m, n, kp, 1).block_m,
+                                                                kp) else 0
+        assert int(args[0]) == m and int(args[2]) == flags    # shape_m, flags
         a_map, sfa_map = rec.maps[0], rec.maps[2]
         assert a_map[1] == ws.data.ptr and sfa_map[1] == ws.data.ptr + off
         assert rec.launches == 0                          # nothing went through CuPy's launcher

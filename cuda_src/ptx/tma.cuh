@@ -35,6 +35,43 @@ __device__ __forceinline__ void tma_load_3d_multicast(void* dst, const TmaDescri
         "h"(cta_mask), "r"(c0), "r"(c1), "r"(c2) : "memory");
 }
 
+// An L2 cache policy that marks the lines it fills evict-first (PTX ISA
+// §9.7.9.17 "createpolicy"): for data read once, so that it replaces its own
+// kind before anything else in L2.
+__device__ __forceinline__ uint64_t l2_policy_evict_first() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// The default policy, as an explicit one: lines filled with evict-normal priority.
+__device__ __forceinline__ uint64_t l2_policy_evict_normal() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// tma_load_3d with an L2 cache hint (`policy` from createpolicy).
+__device__ __forceinline__ void tma_load_3d_hint(void* dst, const TmaDescriptor* desc, uint64_t* bar,
+                                                 uint64_t policy, int32_t c0, int32_t c1, int32_t c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4, %5}], [%2], %6;"
+      ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(desc)), "r"(smem_addr(bar)),
+        "r"(c0), "r"(c1), "r"(c2), "l"(policy) : "memory");
+}
+
+// tma_load_3d_multicast with an L2 cache hint.
+__device__ __forceinline__ void tma_load_3d_multicast_hint(void* dst, const TmaDescriptor* desc, uint64_t* bar,
+                                                           uint16_t cta_mask, uint64_t policy,
+                                                           int32_t c0, int32_t c1, int32_t c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      ".L2::cache_hint [%0], [%1, {%4, %5, %6}], [%2], %3, %7;"
+      ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(desc)), "r"(smem_addr(bar)),
+        "h"(cta_mask), "r"(c0), "r"(c1), "r"(c2), "l"(policy) : "memory");
+}
+
 // 3-D tile store from shared memory; out-of-bounds parts of the box are
 // clipped by the descriptor's extents.
 __device__ __forceinline__ void tma_store_3d(const TmaDescriptor* desc, const void* src,

@@ -36,11 +36,12 @@ sys.path.insert(0, str(_HERE))
 sys.path.insert(1, str(_HERE.parent))
 
 import common  # noqa: E402
+from cugemm8 import _shapes  # noqa: E402
 from cugemm8._shapes import DEEPSEEK_NK  # noqa: E402
 from cugemm8.cli import (Shape, bf16_to_f64, calc_diff, gemm_bytes,  # noqa: E402
                          make_operands, poisoned_out, print_table, reference)
 
-DECODE_MS = (1, 2, 4, 8, 16, 32, 64, 128)
+DECODE_MS = _shapes.DECODE_MS
 CHECK_LIMIT = 1e-3
 
 

@@ -39,6 +39,7 @@ if str(_HERE) not in sys.path:
 if (_HERE.parent / "cugemm8").is_dir() and str(_HERE.parent) not in sys.path:
     sys.path.insert(1, str(_HERE.parent))          # benchmark the checkout it lives in
 
+from cugemm8 import _shapes  # noqa: E402
 from cugemm8._shapes import DEEPSEEK_NK  # noqa: E402
 from cugemm8.cli import (Shape, bf16_to_f64, calc_diff, config_string,  # noqa: E402
                          gemm_bytes, gemm_call, make_operands, poisoned_out, print_table,
@@ -49,15 +50,14 @@ PEAK_TFLOPS = 1979.0                  # H200 dense FP8 tensor-core peak
 TARGET_FACTOR = 1.10
 CHECK_LIMIT = 1e-3
 
-NORMAL_MS = (64, 128, 4096)
-CONTIGUOUS = ((4, 8192, 4096, 7168), (4, 8192, 7168, 2048),
-              (8, 4096, 4096, 7168), (8, 4096, 7168, 2048))
-MASKED = ((1, 1024, 4096, 7168), (1, 1024, 7168, 2048), (2, 512, 4096, 7168),
-          (2, 512, 7168, 2048), (4, 256, 4096, 7168), (4, 256, 7168, 2048))
-
-#: Decode-sized masked GEMMs (expected_m <= 64 rows per expert: issue 5's
-#: "bandwidth-bound at >= 75 % of copy" case; no DeepGEMM anchor).
-MASKED_DECODE = ((16, 64, 4096, 7168), (16, 64, 7168, 2048), (32, 32, 4096, 7168))
+# The tables live in cugemm8._shapes (also `cugemm8 tune --shapes @normal /
+# @grouped`).  MASKED_DECODE: decode-sized masked GEMMs (expected_m <= 64
+# rows per expert: issue 5's "bandwidth-bound at >= 75 % of copy" case; no
+# DeepGEMM anchor).
+NORMAL_MS = _shapes.NORMAL_MS
+CONTIGUOUS = _shapes.CONTIGUOUS_TABLE
+MASKED = _shapes.MASKED_TABLE[:6]
+MASKED_DECODE = _shapes.MASKED_TABLE[6:]
 
 #: DeepGEMM v2.6.1 on an H200, TFLOPS (docs/benchmarks.md, anchor 1),
 #: keyed by (kind, G, M, N, K) with M per group for grouped kinds.

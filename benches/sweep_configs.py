@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -53,93 +52,41 @@ def anchor_config(shape: Shape):
     return _DG_GROUPED_CFG.get(shape.kind)
 
 
+# The candidate family lives in cugemm8._tune (`cugemm8 tune` uses it too);
+# these adapters take a Shape (contiguous m = rows per group, as the bench
+# tables write it).
+
+def _m(shape: Shape) -> int:
+    return shape.m * shape.num_groups if shape.kind == "contiguous" else shape.m
+
+
 def parse_config(text: str, shape: Shape, num_sms: int):
     """A GemmConfig from 'BMxBN sS [c2|c2B|k2]' with the largest legal grid, or None."""
-    mt = re.fullmatch(r"(\d+)x(\d+) s(\d+)(?: (c2B?|k2))?", text)
-    bm, bn, stages = (int(mt.group(i)) for i in (1, 2, 3))
-    splits = 2 if mt.group(4) == "k2" else 1
-    mc = 2 if mt.group(4) in ("c2", "c2B") else 1
-    return forced_config(shape, bm, bn, stages, num_sms, mc=mc, on_a=mt.group(4) == "c2", splits=splits)
+    from cugemm8 import _tune
+    return _tune.parse_config(text, shape.kind, _m(shape), shape.n, shape.k, shape.num_groups, num_sms)
 
 
 def forced_config(shape: Shape, bm: int, bn: int, stages: int, num_sms: int, *, mc: int = 1,
                   on_a: bool = False, splits: int = 1):
-    """The config of a tile, at most ``stages`` deep, on as many CTAs as it
-    has tiles to run (up to the SMs available; a multiple of the cluster
-    size), or None if illegal."""
-    from cugemm8 import _config
-    stages = min(stages, _config.max_stages(bm, bn, shape.k, num_k_splits=splits) or stages)
-    m = shape.m * shape.num_groups if shape.kind == "contiguous" else shape.m
-    cluster = mc * splits
-
-    def make(grid):
-        return _config.make_config(shape.kind, bm, bn, stages, shape.k, num_multicast=mc,
-                                   multicast_on_a=on_a, num_k_splits=splits, num_sms=grid)
-    try:
-        _, executed, _ = _config.tile_counts(make(2), m, shape.n, shape.num_groups)
-    except Exception:
-        return None
-    cfg = make(max(min(num_sms - num_sms % cluster, executed), cluster))
-    ok, _ = _config.is_legal(cfg, k=shape.k, available_sms=num_sms)
-    return cfg if ok else None
-
-
-def split_k_candidates(shape: Shape, count: int, num_sms: int) -> list:
-    """Up to ``count`` split-K configs whose CTA pairs fill between half and
-    all of the SMs in one wave, the fullest first (BLOCK_M 64, and 128 when
-    M is above 64)."""
-    from cugemm8 import _config
-    m = shape.m * shape.num_groups if shape.kind == "contiguous" else shape.m
-    found = []
-    for bm in (64, 128) if m > 64 else (64,):
-        for bn in _config.candidate_block_ns(bm):
-            cfg = forced_config(shape, bm, bn, 16, num_sms, splits=2)
-            if cfg is None:
-                continue
-            ctas = _config.tile_counts(cfg, m, shape.n, shape.num_groups)[1]
-            if num_sms // 2 <= ctas <= num_sms:
-                found.append((-ctas, bm, bn, cfg))
-    return [cfg for *_, cfg in sorted(found, key=lambda e: e[:3])[:count]]
+    """cugemm8._tune.forced_config for ``shape``."""
+    from cugemm8 import _tune
+    return _tune.forced_config(shape.kind, _m(shape), shape.n, shape.k, shape.num_groups, bm, bn, stages,
+                               num_sms, mc=mc, on_a=on_a, splits=splits)
 
 
 def candidates(shape: Shape, top: int, num_sms: int, split_k: int = 0) -> list:
-    from cugemm8 import _config
-    m = shape.m * shape.num_groups if shape.kind == "contiguous" else shape.m
-    saved = _config.MULTICAST_KINDS, _config.MULTICAST_TILES
-    _config.MULTICAST_KINDS, _config.MULTICAST_TILES = _config.KINDS, None
-    try:
-        ranked = [cfg for _, cfg in _config.ranked_configs(shape.kind, m, shape.n, shape.k,
-                                                           num_groups=shape.num_groups,
-                                                           num_sms=num_sms)]
-    finally:
-        _config.MULTICAST_KINDS, _config.MULTICAST_TILES = saved
-    picked = ranked[:top]
-    # The best multicast and the best non-multicast configs, whatever their rank.
-    picked += [next((c for c in ranked if c.num_multicast == mc), None) for mc in (1, 2)]
-    for c in list(picked):
-        if c is not None and c.num_multicast == 2:
-            picked.append(parse_config(f"{c.block_m}x{c.block_n} s{c.num_stages}", shape, num_sms))
-    # A multicast twin of the best non-multicast tiles, even where the model
-    # rules multicast out (small M: halving A's L2 traffic is the question).
-    for c in [c for c in ranked if c.num_multicast == 1][:3]:
-        picked.append(parse_config(f"{c.block_m}x{c.block_n} s{c.num_stages} c2", shape, num_sms))
-    picked += split_k_candidates(shape, split_k, num_sms)
+    """cugemm8._tune.candidates for ``shape``, plus DeepGEMM's own config
+    (docs/benchmarks.md, anchor 1) where it is legal here."""
+    from cugemm8 import _tune
     anchor = anchor_config(shape)
-    if anchor:
-        picked.append(parse_config(anchor, shape, num_sms))
-    picked.append(_config.select_config(shape.kind, m, shape.n, shape.k,
-                                        num_groups=shape.num_groups, num_sms=num_sms))
-    return unique_configs(picked)
+    extra = [parse_config(anchor, shape, num_sms)] if anchor else []
+    return _tune.candidates(shape.kind, _m(shape), shape.n, shape.k, shape.num_groups, num_sms,
+                            top=top, split_k=split_k, extra=[c for c in extra if c is not None])
 
 
 def unique_configs(configs) -> list:
-    """``configs`` in order without Nones and without repeats (by name)."""
-    out, seen = [], set()
-    for c in configs:
-        if c is not None and str(c) not in seen:
-            seen.add(str(c))
-            out.append(c)
-    return out
+    from cugemm8 import _tune
+    return _tune.unique_configs(configs)
 
 
 def main(argv=None) -> int:

@@ -14,6 +14,7 @@ from .gemm import gemm_fp8_fp8_bf16_nt
 from .gemm import get_gemm_config
 from .gemm import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous
 from .gemm import m_grouped_gemm_fp8_fp8_bf16_nt_masked
+from .gemm import reload_tuned_configs
 from .layout import get_col_major_tma_aligned_tensor
 from .layout import get_m_alignment_for_contiguous_layout
 from .layout import make_contiguous_layout
@@ -31,5 +32,5 @@ __all__ = [
     "get_col_major_tma_aligned_tensor", "get_gemm_config", "get_m_alignment_for_contiguous_layout",
     "get_num_sms", "get_pdl", "interop", "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous",
     "m_grouped_gemm_fp8_fp8_bf16_nt_masked", "make_contiguous_layout", "per_block_cast_to_fp8",
-    "per_token_cast_to_fp8", "reference", "set_num_sms", "set_pdl",
+    "per_token_cast_to_fp8", "reference", "reload_tuned_configs", "set_num_sms", "set_pdl",
 ]

@@ -11,6 +11,7 @@ override a setting by assigning to the attribute at run time.
 | ``CUPY_CACHE_DIR`` | its ``cugemm8/`` folder holds cugemm8's kernel cache (read at each build; CuPy reads it when imported) |
 | ``CUGEMM8_PTXAS_VERBOSE`` | print ptxas's resource report for each compiled kernel |
 | ``CUGEMM8_DUMP_DIR`` | write the generated source, PTX and ptxas report of each compile here |
+| ``CUGEMM8_TUNED_FILE`` | the tuned-configurations file (``cugemm8 tune``); ``off`` turns them off; read by :mod:`cugemm8._tuned` at first use, not here |
 """
 from __future__ import annotations
 

@@ -21,8 +21,10 @@ a ``#`` are ignored::
 ``m`` is the rows of A for ``normal``, m_sum (all groups, each padded to 128
 rows) for ``contiguous`` and expected_m for ``masked``: the values the kernel
 configuration is chosen from.  A file is JSON when its first non-blank
-character is ``[``.  Instead of a file, ``@check`` / ``@check-quick`` name
-the shapes ``cugemm8 check`` (``--quick``) runs (see :func:`preset_shapes`).
+character is ``[``.  Instead of a file, a preset names a list: ``@check`` /
+``@check-quick`` (the shapes ``cugemm8 check`` (``--quick``) runs),
+``@normal``, ``@decode`` and ``@grouped`` (the benchmark tables; see
+:func:`preset_shapes`).
 """
 from __future__ import annotations
 
@@ -93,15 +95,42 @@ def contiguous_m_sums(m: int, num_groups: int) -> list[int]:
 
 
 #: Names accepted instead of a shapes file.
-PRESETS = ("@check", "@check-quick")
+PRESETS = ("@check", "@check-quick", "@normal", "@decode", "@grouped")
+
+#: M of the normal-GEMM benchmark table (``@normal``: benches/bench_gemm.py)
+#: and of the decode table (``@decode``: benches/bench_decode.py).
+NORMAL_MS = (64, 128, 4096)
+DECODE_MS = (1, 2, 4, 8, 16, 32, 64, 128)
+#: The grouped benchmark shapes (benches/bench_gemm.py): (num_groups, rows
+#: per group, n, k); ``@grouped`` lists them with m = m_sum (contiguous) and
+#: expected_m (masked).
+CONTIGUOUS_TABLE = ((4, 8192, 4096, 7168), (4, 8192, 7168, 2048),
+                    (8, 4096, 4096, 7168), (8, 4096, 7168, 2048))
+MASKED_TABLE = ((1, 1024, 4096, 7168), (1, 1024, 7168, 2048), (2, 512, 4096, 7168),
+                (2, 512, 7168, 2048), (4, 256, 4096, 7168), (4, 256, 7168, 2048),
+                (16, 64, 4096, 7168), (16, 64, 7168, 2048), (32, 32, 4096, 7168))
 
 
 def preset_shapes(name: str) -> list[Shape]:
-    """The shapes (warmup semantics: contiguous ``m`` = m_sum) of ``cugemm8
-    check`` (``@check``) or ``check --quick`` (``@check-quick``): its normal
-    and masked shapes, and every m_sum its contiguous shape can reach."""
+    """The shapes of a preset (warmup semantics: contiguous ``m`` = m_sum):
+
+    * ``@check`` / ``@check-quick``: those ``cugemm8 check`` (``--quick``)
+      runs: its normal and masked shapes, and every m_sum its contiguous
+      shape can reach;
+    * ``@normal``: the 18 normal shapes of the benchmark table (M = 64, 128,
+      4096 on the six DeepSeek-V3 (N, K) pairs of ``DEEPSEEK_NK[:6]``);
+    * ``@decode``: the 48 decode shapes (M = 1 ... 128, powers of two, on the
+      same six pairs);
+    * ``@grouped``: the benchmark table's contiguous and masked shapes.
+    """
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
+    if name in ("@normal", "@decode"):
+        ms = NORMAL_MS if name == "@normal" else DECODE_MS
+        return [Shape("normal", m, n, k) for m in ms for n, k in DEEPSEEK_NK[:6]]
+    if name == "@grouped":
+        return ([Shape("contiguous", g * m, n, k, g) for g, m, n, k in CONTIGUOUS_TABLE]
+                + [Shape("masked", m, n, k, g) for g, m, n, k in MASKED_TABLE])
     out = []
     for s in check_shapes(quick=name == "@check-quick"):
         if s.kind == "contiguous":

@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import _config, _device, _env, _jit, _tma
+from . import _config, _device, _env, _jit, _tma, _tuned
 from ._launch import Launcher
 from ._checks import check_device_array, check_on_current_device, refuse_temporary_under_capture
 from .layout import get_col_major_tma_aligned_tensor, is_tma_aligned_mn_major
@@ -266,15 +266,31 @@ def _kernel_name(cfg: "_config.GemmConfig", n: int, k: int, gemm_type: int, num_
 _printed: set = set()
 
 
+_tuned_envs: dict = {}
+
+
+def _choose(kind: str, m: int, n: int, k: int, num_groups: int, device_id: int, num_sms: int):
+    """(config, source): a matching tuned entry of this device and SM budget
+    (:mod:`cugemm8._tuned`, written by ``cugemm8 tune``) when there is one,
+    else the heuristic's pick; source is ``'tuned'`` or ``'heuristic'``."""
+    if _tuned.tuned_path() is not None and _tuned.has_entries():
+        env = _tuned_envs.get((device_id, num_sms))
+        if env is None:
+            env = _tuned_envs[(device_id, num_sms)] = _tuned.environment(num_sms, device_id)
+        cfg = _tuned.lookup(kind, m, n, k, num_groups, env)
+        if cfg is not None:
+            return cfg, "tuned"
+    return _config.select_config(kind, m, n, k, num_groups=num_groups, num_sms=num_sms), "heuristic"
+
+
 def _select(kind: str, m: int, n: int, k: int, num_groups: int):
     device_id = _device.require_hopper()
-    cfg = _config.select_config(kind, m, n, k, num_groups=num_groups,
-                                num_sms=_device.get_num_sms(device_id))
+    cfg, source = _choose(kind, m, n, k, num_groups, device_id, _device.get_num_sms(device_id))
     if _env.PRINT_CONFIGS:
         key = (kind, m, n, k, num_groups, cfg)
         if key not in _printed:
             _printed.add(key)
-            print(f"[cugemm8] {kind} m={m} n={n} k={k} groups={num_groups}: {cfg}", file=sys.stderr)
+            print(f"[cugemm8] {kind} m={m} n={n} k={k} groups={num_groups}: {cfg} ({source})", file=sys.stderr)
     return cfg
 
 
@@ -473,6 +489,22 @@ def clear_launch_cache() -> None:
     """Forget the cached launchers of repeated calls (they are rebuilt on the
     next call).  Never needed for correctness; for tests and memory hygiene."""
     _fast.clear()
+
+
+def reload_tuned_configs() -> None:
+    """Read the tuned-configurations file again and forget every cached
+    launch, so the next call of each shape selects its configuration anew.
+
+    The file (written by ``cugemm8 tune``) is otherwise read once per
+    process, at the first GEMM that selects a configuration; its location
+    (``$CUGEMM8_TUNED_FILE``, default ``~/.cache/cugemm8/tuned.json``), the
+    matching rules and the safety rules are in :mod:`cugemm8._tuned`.  A
+    malformed file gives one ``RuntimeWarning`` and no entries; it never
+    raises.
+    """
+    _tuned.reload()
+    _tuned_envs.clear()
+    clear_launch_cache()
 
 
 # ----------------------------------------------------------------------------
@@ -722,14 +754,19 @@ def get_gemm_config(kind: Literal["normal", "contiguous", "masked"], m: int, n: 
         num_groups: groups of a grouped GEMM (1 for ``'normal'``).
         num_sms: the SMs the persistent kernel may occupy.  ``None``
             (default): the current device's budget, :func:`cugemm8.get_num_sms`
-            (needs a GPU).  Given, nothing touches a GPU, so the choice can be
+            (needs a GPU), and the configuration the op launches there: a
+            matching entry of the tuned file (``cugemm8 tune``;
+            :mod:`cugemm8._tuned` says where it lives and what matches) if
+            there is one, else the heuristic's.  Given, the heuristic's pick
+            for that budget, and nothing touches a GPU, so the choice can be
             inspected on any machine (132 for an H200 / H100 SXM).
 
     Returns:
         The frozen :class:`cugemm8.GemmConfig` (tile, stages, multicast,
-        split K, grid, shared memory).  Deterministic: the same arguments
-        give the same configuration on every machine, the one the op
-        launches when the device's SM budget is ``num_sms``.
+        split K, grid, shared memory).  The heuristic is deterministic: the
+        same arguments give the same configuration on every machine, the one
+        the op launches when the device's SM budget is ``num_sms`` and no
+        tuned entry matches.
 
     Raises:
         TypeError: a size, ``num_groups`` or ``num_sms`` that is not an int.
@@ -744,5 +781,6 @@ def get_gemm_config(kind: Literal["normal", "contiguous", "masked"], m: int, n: 
         # The argument checks first (with a placeholder SM count), so a bad
         # argument raises the same error on a machine without a GPU.
         _config._validate(kind, m, n, k, num_groups, 1, _config.SMEM_LIMIT)
-        num_sms = _device.get_num_sms()
+        device_id = _device.require_hopper()
+        return _choose(kind, m, n, k, num_groups, device_id, _device.get_num_sms(device_id))[0]
     return _config.select_config(kind, m, n, k, num_groups=num_groups, num_sms=num_sms)

@@ -15,6 +15,12 @@ import numpy as np
 import pytest
 
 
+# Tuned configurations (cugemm8 tune) never leak into the suite from the
+# user's cache: every test sees an empty tuned file unless it sets its own.
+os.environ["CUGEMM8_TUNED_FILE"] = os.path.join(
+    os.environ.get("TMPDIR", "/tmp"), f"cugemm8-tests-{os.getpid()}-no-tuned.json")
+
+
 def _device_reason(func_name: str) -> str | None:
     """Call ``cugemm8._device.<func_name>()`` defensively.
 

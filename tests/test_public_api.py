@@ -152,6 +152,7 @@ def test_gemm_config_is_a_public_frozen_dataclass():
 
 
 def test_get_gemm_config_without_num_sms_uses_the_device(monkeypatch):
+    monkeypatch.setattr(_device, "require_hopper", lambda device_id=None: 0)
     monkeypatch.setattr(_device, "get_num_sms", lambda device_id=None: 78)
     assert cugemm8.get_gemm_config("normal", 4096, 7168, 2048) == \
         _config.select_config("normal", 4096, 7168, 2048, num_sms=78)
@@ -304,7 +305,10 @@ def test_reference_keeps_the_single_module_names():
         "dequantize_rhs", "ref_gemm_nt", "ref_gemm_contiguous", "ref_gemm_masked",
         "masked_valid_rows", "tensor_core_partial_sums", "promoted_accumulation_model",
         "unpromoted_accumulation_model", "error_bound", "round_to_bf16", "calc_diff",
-        "bf16_ulp_error", "max_rel_error_rows", "block_varied_normal", "make_m_indices"]
+        "bf16_ulp_error", "max_rel_error_rows", "block_varied_normal", "make_m_indices",
+        # the backward (training) half, issue 21: cugemm8/reference/training.py
+        "per_token_cast_to_fp8_t", "cast_transpose_block_fp8", "ref_gemm_1d1d", "ref_k_grouped_gemm",
+        "promoted_accumulation_model_1d1d", "error_bound_1d1d", "ref_linear_backward"]
     assert (R.E4M3_MAX, R.BLOCK_K, R.MMA_K, R.TENSOR_CORE_MANTISSA_BITS) == (448.0, 128, 32, 13)
     # Each name is the submodule's object, not a copy.
     from cugemm8.reference import bound, gemm, promotion, quant

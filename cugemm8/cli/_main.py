@@ -4,9 +4,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import bench, check, configs, info, warmup
+from . import bench, check, configs, info, tune, warmup
 
-SUBCOMMANDS = ("check", "info", "bench", "warmup", "configs")
+SUBCOMMANDS = ("check", "info", "bench", "warmup", "configs", "tune")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=None)
     warmup.register(sub)
     configs.register(sub)
+    tune.register(sub)
     return parser
 
 

@@ -27,7 +27,78 @@ def cmd_configs(args) -> int:
     except (TypeError, ValueError) as exc:
         print(f"cugemm8 configs: {exc}", file=sys.stderr)
         return 2
+    _print_tuned(cases, args.num_sms)
     return 0
+
+
+def tuned_rows(cases, num_sms: int, entries: list, env_here: dict | None) -> list[tuple]:
+    """One row per case that the tuned file has an entry for (same kind, n,
+    k, num_groups, M bucket and SM budget): the heuristic's pick, the tuned
+    one, their recorded times, and whether the entry applies here (its
+    environment equals ``env_here``; without a GPU it cannot be checked) or
+    which environment field makes it stale."""
+    from .. import _config, _tuned
+    rows = []
+    for kind, g, m, n, k in cases:
+        key = _tuned.shape_key(kind, n, k, g, m)
+        found = [e for e in entries
+                 if _tuned.shape_key(e["kind"], e["n"], e["k"], e["num_groups"], e["m_bucket"]) == key
+                 and e["env"].get("num_sms") == num_sms]
+        if not found:
+            continue
+        e = found[-1]
+        if env_here is not None:
+            exact = [x for x in found if all(x["env"].get(f) == env_here[f] for f in _tuned.ENV_FIELDS)]
+            if exact:
+                e = exact[-1]
+                cfg, why = _tuned.config_from_entry(e, k, num_sms)
+                status = "used" if cfg is not None else f"ignored: {why}"
+            else:
+                diff = [f for f in _tuned.ENV_FIELDS if e["env"].get(f) != env_here[f]]
+                status = "stale: " + ", ".join(diff) + " differ"
+        else:
+            status = f"recorded on {e['env'].get('gpu')} (no GPU here to match)"
+        heur = _config.select_config(kind, m, n, k, num_groups=g, num_sms=num_sms)
+        c = e["config"]
+        tag = " k2" if c["num_k_splits"] == 2 else (
+            (" c2A" if c["multicast_on_a"] else " c2B") if c["num_multicast"] == 2 else "")
+        tuned = f"{c['block_m']}x{c['block_n']} s{c['num_stages']}{tag} sms{c['num_sms']}"
+        us = e.get("us")
+        h_us = e.get("heuristic_us")
+        rows.append((kind, str(g), str(m), str(n), str(k), str(heur), tuned,
+                     f"{h_us:.1f}" if isinstance(h_us, (int, float)) else "-",
+                     f"{us:.1f}" if isinstance(us, (int, float)) else "-", str(e.get("tuned_at", "-")), status))
+    return rows
+
+
+def _print_tuned(cases, num_sms: int) -> None:
+    """The tuned file's picks for ``cases`` beside the heuristic's (if any)."""
+    from .. import _tuned
+    from ._common import gpu_reason, print_table
+    path = _tuned.tuned_path()
+    if path is None:
+        print(f"\ntuned configurations: off ({_tuned.ENV_VAR})")
+        return
+    entries, problems = _tuned.read_file(path)
+    if not entries and not problems:
+        print(f"\ntuned configurations: none ({path} has no entries; `cugemm8 tune` writes them)")
+        return
+    env_here = None
+    if gpu_reason() is None:
+        try:
+            env_here = _tuned.environment(num_sms)
+        except Exception:          # a report must not die on the environment query
+            env_here = None
+    rows = tuned_rows(cases, num_sms, entries, env_here)
+    print()
+    for why in problems[:5]:
+        print(f"tuned file {path}: ignored {why}")
+    if rows:
+        print_table(f"tuned configurations ({path}), {num_sms} SMs",
+                    ("kind", "G", "m", "n", "k", "heuristic", "tuned", "heur µs", "tuned µs", "tuned at",
+                     "status"), rows)
+    else:
+        print(f"tuned configurations: {len(entries)} entries in {path}, none for these shapes at {num_sms} SMs")
 
 
 def register(sub) -> None:

@@ -59,6 +59,9 @@ from .metrics import bf16_ulp_error, calc_diff, max_rel_error_rows, round_to_bf1
 from .promotion import (promoted_accumulation_model, tensor_core_partial_sums,
                         unpromoted_accumulation_model)
 from .quant import e4m3_to_float, float_to_e4m3, per_block_cast_to_fp8, per_token_cast_to_fp8
+from .training import (cast_transpose_block_fp8, error_bound_1d1d, per_token_cast_to_fp8_t,
+                       promoted_accumulation_model_1d1d, ref_gemm_1d1d, ref_k_grouped_gemm,
+                       ref_linear_backward)
 from . import _common, promotion, quant
 
 # The other names of the single-module reference (cugemm8.quant uses the
@@ -106,4 +109,11 @@ __all__ = [
     "max_rel_error_rows",
     "block_varied_normal",
     "make_m_indices",
+    "per_token_cast_to_fp8_t",
+    "cast_transpose_block_fp8",
+    "ref_gemm_1d1d",
+    "ref_k_grouped_gemm",
+    "promoted_accumulation_model_1d1d",
+    "error_bound_1d1d",
+    "ref_linear_backward",
 ]

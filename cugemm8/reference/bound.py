@@ -109,45 +109,11 @@ def error_bound(a_bits: ArrayLike, sfa: ArrayLike, b_bits: ArrayLike, sfb: Array
     a, sa, b, sb = _check_gemm_2d(a_bits, sfa, b_bits, sfb)
     m, k = a.shape
     n = b.shape[0]
-    kb_count = _ceil_div(k, BLOCK_K)
     mb = int(mantissa_bits)
-    u_tc = 2.0 ** -mb
-    av = e4m3_to_float(a).astype(np.float64)
-    bv = e4m3_to_float(b).astype(np.float64)
-    # Effective magnitudes for the alignment exponent: e4m3 subnormals align as 2^-6.
-    amag = np.where(av == 0, 0.0, np.maximum(np.abs(av), 2.0 ** _E4M3_MIN_NORMAL_EXP))
-    bmag = np.where(bv == 0, 0.0, np.maximum(np.abs(bv), 2.0 ** _E4M3_MIN_NORMAL_EXP))
     sb_rows = np.repeat(sb, BLOCK_K, axis=0)[:n]                   # [n, kb]
-
-    sum_s_tc = np.zeros((m, n))
-    sum_lin = np.zeros((m, n))          # sum (2^-24 s + 2^-150)(|P| + TC)
-    q_sum = np.zeros((m, n))
-    ref = np.zeros((m, n))
-    w_overflow = np.zeros((m, n), dtype=bool)
     with np.errstate(invalid="ignore", over="ignore"):
-        for j in range(kb_count):
-            lo, hi = j * BLOCK_K, min(k, (j + 1) * BLOCK_K)
-            p_cum = np.zeros((m, n))
-            e = np.zeros((m, n))
-            for c in range(lo, hi, MMA_K):
-                ce = min(hi, c + MMA_K)
-                acc_mag = np.abs(p_cum) + e
-                p_cum = p_cum + av[:, c:ce] @ bv[:, c:ce].T
-                ma = amag[:, c:ce].max(axis=1)
-                mbm = bmag[:, c:ce].max(axis=1)
-                grid = u_tc * np.maximum(acc_mag, ma[:, None] * mbm[None, :])
-                step = (ce - c + (c > lo)) * grid        # products, and the accumulator
-                e = e + step + u_tc * (np.abs(p_cum) + e + step)
-            s = np.abs(sa[:, j][:, None] * sb_rows[:, j][None, :])
-            w_overflow |= s >= 2.0 ** 128
-            mag = np.abs(p_cum) + e
-            sum_s_tc += s * e
-            sum_lin += (_FP32_U * s + _FP32_ETA) * mag
-            q_sum += (s * (1 + _FP32_U) + _FP32_ETA) * mag
-            ref += (sa[:, j][:, None] * sb_rows[:, j][None, :]) * p_cum
-        nu = kb_count * _FP32_U
-        gamma = nu / (1 - nu)
-        e32 = sum_s_tc + sum_lin + gamma * q_sum + kb_count * _FP32_ETA
+        e32, ref, q_sum, w_overflow = _promotion_error_terms(
+            a, b, lambda j: sa[:, j][:, None] * sb_rows[:, j][None, :], mb)
         if output == "bfloat16":
             bound = e32 + _BF16_U * (np.abs(ref) + e32) + _BF16_ETA
             limit = _BF16_OVERFLOW
@@ -157,3 +123,55 @@ def error_bound(a_bits: ArrayLike, sfa: ArrayLike, b_bits: ArrayLike, sfb: Array
         over = w_overflow | (q_sum > _FP32_MAX) | (np.abs(ref) + bound >= limit)
         bound = np.where(over & ~np.isnan(bound), np.inf, bound)
     return bound
+
+
+def _promotion_error_terms(a: np.ndarray, b: np.ndarray, block_scales, mantissa_bits: int):
+    """Steps 1-3 of :func:`error_bound` for e4m3 payloads ``a`` [m, k] and
+    ``b`` [n, k], whatever the scale layout: ``block_scales(j)`` gives the
+    signed float64 ``[m, n]`` scale products ``s`` of K block ``j``.
+
+    Returns ``(E32, ref, Q, w_overflow)``: the FP32-accumulation error bound
+    before the output rounding, the exact scaled sum ``sum_kb s P_kb``, the
+    magnitude sum ``Q`` and where ``fl32(s)`` may overflow.  Call under
+    ``np.errstate(invalid="ignore", over="ignore")``.  Shared with the 1D1D
+    bound (:func:`cugemm8.reference.error_bound_1d1d`).
+    """
+    m, k = a.shape
+    n = b.shape[0]
+    kb_count = _ceil_div(k, BLOCK_K)
+    u_tc = 2.0 ** -mantissa_bits
+    av = e4m3_to_float(a).astype(np.float64)
+    bv = e4m3_to_float(b).astype(np.float64)
+    # Effective magnitudes for the alignment exponent: e4m3 subnormals align as 2^-6.
+    amag = np.where(av == 0, 0.0, np.maximum(np.abs(av), 2.0 ** _E4M3_MIN_NORMAL_EXP))
+    bmag = np.where(bv == 0, 0.0, np.maximum(np.abs(bv), 2.0 ** _E4M3_MIN_NORMAL_EXP))
+    sum_s_tc = np.zeros((m, n))
+    sum_lin = np.zeros((m, n))          # sum (2^-24 s + 2^-150)(|P| + TC)
+    q_sum = np.zeros((m, n))
+    ref = np.zeros((m, n))
+    w_overflow = np.zeros((m, n), dtype=bool)
+    for j in range(kb_count):
+        lo, hi = j * BLOCK_K, min(k, (j + 1) * BLOCK_K)
+        p_cum = np.zeros((m, n))
+        e = np.zeros((m, n))
+        for c in range(lo, hi, MMA_K):
+            ce = min(hi, c + MMA_K)
+            acc_mag = np.abs(p_cum) + e
+            p_cum = p_cum + av[:, c:ce] @ bv[:, c:ce].T
+            ma = amag[:, c:ce].max(axis=1)
+            mbm = bmag[:, c:ce].max(axis=1)
+            grid = u_tc * np.maximum(acc_mag, ma[:, None] * mbm[None, :])
+            step = (ce - c + (c > lo)) * grid        # products, and the accumulator
+            e = e + step + u_tc * (np.abs(p_cum) + e + step)
+        s_signed = block_scales(j)
+        s = np.abs(s_signed)
+        w_overflow |= s >= 2.0 ** 128
+        mag = np.abs(p_cum) + e
+        sum_s_tc += s * e
+        sum_lin += (_FP32_U * s + _FP32_ETA) * mag
+        q_sum += (s * (1 + _FP32_U) + _FP32_ETA) * mag
+        ref += s_signed * p_cum
+    nu = kb_count * _FP32_U
+    gamma = nu / (1 - nu)
+    e32 = sum_s_tc + sum_lin + gamma * q_sum + kb_count * _FP32_ETA
+    return e32, ref, q_sum, w_overflow

@@ -1,0 +1,209 @@
+"""``cugemm8 tune``'s engine: candidate configurations per shape, each
+checked against the float64 reference and timed on this GPU, the fastest
+recorded in the tuned file (:mod:`cugemm8._tuned`).
+
+Candidates (:func:`candidates`): the heuristic's pick, the cost model's
+``top`` ranked configurations with multicast allowed, the best multicast and
+non-multicast ones whatever their rank, the no-multicast twin of each
+multicast one and a multicast (A) twin of the three best plain ones, and up
+to ``split_k`` split-K configurations whose CTA pairs fill between half and
+all of the SMs (the same family ``benches/sweep_configs.py`` sweeps, which
+imports it from here).  Each config runs on as many CTAs as it has tiles, up
+to the SM budget.
+
+Timing (:func:`time_candidates`): CUDA events around each launch, a 256 MB L2
+flush before each repetition (outside the timed interval), repetitions
+interleaved across candidates in rounds (each round times every candidate
+once, in a rotated order), median per candidate; after the first round
+candidates slower than ``prune`` x the fastest are dropped.  The heuristic's
+pick is kept unless a candidate is faster by more than ``margin`` (1 %), so
+noise never replaces it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import re
+import statistics
+import time
+
+from . import _config
+
+#: a candidate must beat the heuristic's median by this fraction to replace it
+MARGIN = 0.01
+#: candidates slower than this multiple of the fastest after round 1 are dropped
+PRUNE = 1.25
+
+
+# ----------------------------------------------------------------------------
+# Candidates (pure Python, no GPU)
+# ----------------------------------------------------------------------------
+
+def forced_config(kind: str, m: int, n: int, k: int, num_groups: int, bm: int, bn: int, stages: int,
+                  num_sms: int, *, mc: int = 1, on_a: bool = False, splits: int = 1):
+    """The config of a BMxBN tile at most ``stages`` deep (fewer if the
+    shared memory holds fewer), on as many CTAs as it has tiles to run (up to
+    ``num_sms``; a multiple of the cluster size), or None if illegal.  ``m``
+    is the op's m (m_sum for contiguous, expected_m for masked)."""
+    stages = min(stages, _config.max_stages(bm, bn, k, num_k_splits=splits) or stages)
+    cluster = mc * splits
+
+    def make(grid):
+        return _config.make_config(kind, bm, bn, stages, k, num_multicast=mc, multicast_on_a=on_a,
+                                   num_k_splits=splits, num_sms=grid)
+    try:
+        _, executed, _ = _config.tile_counts(make(2), m, n, num_groups)
+    except Exception:
+        return None
+    cfg = make(max(min(num_sms - num_sms % cluster, executed), cluster))
+    ok, _ = _config.is_legal(cfg, k=k, available_sms=num_sms)
+    return cfg if ok else None
+
+
+_CONFIG_RE = re.compile(r"(\d+)x(\d+) s(\d+)(?: (c2A?|c2B|k2))?(?: sms\d+)?")
+
+
+def parse_config(text: str, kind: str, m: int, n: int, k: int, num_groups: int, num_sms: int):
+    """A config from ``'BMxBN sS [c2|c2A|c2B|k2]'`` (``c2`` / ``c2A``:
+    multicast A, ``c2B``: multicast B, ``k2``: split K; a trailing ``smsN``
+    is ignored) with the largest legal grid, or None if illegal.  Raises
+    ValueError for text in another form."""
+    mt = _CONFIG_RE.fullmatch(text.strip())
+    if mt is None:
+        raise ValueError(f"config {text!r} is not of the form 'BMxBN sS [c2|c2A|c2B|k2]'")
+    bm, bn, stages = (int(mt.group(i)) for i in (1, 2, 3))
+    tag = mt.group(4)
+    return forced_config(kind, m, n, k, num_groups, bm, bn, stages, num_sms,
+                         mc=2 if tag in ("c2", "c2A", "c2B") else 1, on_a=tag in ("c2", "c2A"),
+                         splits=2 if tag == "k2" else 1)
+
+
+def split_k_candidates(kind: str, m: int, n: int, k: int, num_groups: int, count: int, num_sms: int) -> list:
+    """Up to ``count`` split-K configs whose CTA pairs fill between half and
+    all of the SMs in one wave, the fullest first (BLOCK_M 64, and 128 when
+    m is above 64)."""
+    found = []
+    for bm in (64, 128) if m > 64 else (64,):
+        for bn in _config.candidate_block_ns(bm):
+            cfg = forced_config(kind, m, n, k, num_groups, bm, bn, 16, num_sms, splits=2)
+            if cfg is None:
+                continue
+            ctas = _config.tile_counts(cfg, m, n, num_groups)[1]
+            if num_sms // 2 <= ctas <= num_sms:
+                found.append((-ctas, bm, bn, cfg))
+    return [cfg for *_, cfg in sorted(found, key=lambda e: e[:3])[:count]]
+
+
+def unique_configs(configs) -> list:
+    """``configs`` in order without Nones and without repeats (by name)."""
+    out, seen = [], set()
+    for c in configs:
+        if c is not None and str(c) not in seen:
+            seen.add(str(c))
+            out.append(c)
+    return out
+
+
+def candidates(kind: str, m: int, n: int, k: int, num_groups: int, num_sms: int, *,
+               top: int = 6, split_k: int = 6, extra=()) -> list:
+    """The candidate configs of one shape (see the module docstring), the
+    heuristic's pick first, then ``extra`` (e.g. a reference library's own
+    config), without repeats."""
+    saved = _config.MULTICAST_KINDS, _config.MULTICAST_TILES
+    _config.MULTICAST_KINDS, _config.MULTICAST_TILES = _config.KINDS, None
+    try:
+        ranked = [cfg for _, cfg in _config.ranked_configs(kind, m, n, k, num_groups=num_groups,
+                                                           num_sms=num_sms)]
+    finally:
+        _config.MULTICAST_KINDS, _config.MULTICAST_TILES = saved
+    picked = [_config.select_config(kind, m, n, k, num_groups=num_groups, num_sms=num_sms)]
+    picked += list(extra)
+    picked += ranked[:top]
+    # The best multicast and the best non-multicast configs, whatever their rank.
+    picked += [next((c for c in ranked if c.num_multicast == mc), None) for mc in (1, 2)]
+    for c in list(picked):
+        if c is not None and c.num_multicast == 2:
+            picked.append(forced_config(kind, m, n, k, num_groups, c.block_m, c.block_n, c.num_stages,
+                                        num_sms))
+    # A multicast twin of the best non-multicast tiles, even where the model
+    # rules multicast out (small M: halving A's L2 traffic is the question).
+    for c in [c for c in ranked if c.num_multicast == 1][:3]:
+        picked.append(forced_config(kind, m, n, k, num_groups, c.block_m, c.block_n, c.num_stages,
+                                    num_sms, mc=2, on_a=True))
+    picked += split_k_candidates(kind, m, n, k, num_groups, split_k, num_sms)
+    return unique_configs(picked)
+
+
+# ----------------------------------------------------------------------------
+# Timing (needs a GPU)
+# ----------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Measured:
+    """One candidate of one shape: its config, status ('ok', 'wrong ...',
+    'error ...', 'pruned', 'budget') and CUDA-event times in µs."""
+    config: _config.GemmConfig
+    status: str = "ok"
+    samples: list = dataclasses.field(default_factory=list)
+
+    @property
+    def us(self) -> float | None:
+        return statistics.median(self.samples) if self.samples else None
+
+
+def time_candidates(runs: dict, cp, flush, *, rounds: int, reps: int, deadline: float,
+                    prune: float = PRUNE) -> None:
+    """Time every ``runs[name] = (Measured, fn)`` in interleaved rounds of
+    ``reps`` repetitions each (see the module docstring); stops early at
+    ``time.monotonic() > deadline`` (after at least one round)."""
+    names = [n for n, (m, _) in runs.items() if m.status == "ok"]
+    for r in range(rounds):
+        if r and time.monotonic() > deadline:
+            break
+        order = names[r % len(names):] + names[:r % len(names)] if names else []
+        for name in order:
+            meas, fn = runs[name]
+            events = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(reps)]
+            for start, end in events:
+                flush()
+                start.record()
+                fn()
+                end.record()
+            events[-1][1].synchronize()
+            meas.samples += [cp.cuda.get_elapsed_time(s, e) * 1e3 for s, e in events]
+        if r == 0 and len(names) > 1:
+            best = min(runs[n][0].us for n in names)
+            for n in list(names):
+                if runs[n][0].us > prune * best:
+                    runs[n][0].status = "pruned"
+                    names.remove(n)
+
+
+def choose(heuristic: Measured, measured: list, margin: float = MARGIN) -> Measured:
+    """The winner: the fastest candidate if it beats the heuristic's pick by
+    more than ``margin``, else the heuristic's pick (when it ran; else the
+    fastest)."""
+    ok = [m for m in measured if m.us is not None and m.status == "ok"]
+    if not ok:
+        return heuristic
+    best = min(ok, key=lambda m: m.us)
+    if heuristic.us is not None and heuristic.status == "ok" and best.us >= heuristic.us * (1 - margin):
+        return heuristic
+    return best
+
+
+def now_utc() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def record(kind: str, m: int, n: int, k: int, num_groups: int, env: dict, win: Measured,
+           heuristic: Measured, candidates: int) -> dict:
+    """The tuned-file entry of one shape's winner (with its time, the
+    heuristic's pick and time, the op's m, the candidate count, a UTC time
+    stamp)."""
+    from . import _tuned
+    return _tuned.entry_for(kind, m, n, k, num_groups, env, win.config,
+                            us=round(win.us, 3) if win.us is not None else None,
+                            heuristic=str(heuristic.config),
+                            heuristic_us=round(heuristic.us, 3) if heuristic.us is not None else None,
+                            rows=int(m), candidates=int(candidates), tuned_at=now_utc())

@@ -1,0 +1,314 @@
+"""Tuned kernel configurations, measured on this GPU by ``cugemm8 tune``.
+
+The heuristic (:mod:`cugemm8._config`) is fitted to one H200.  ``cugemm8
+tune`` times the heuristic's pick and a pruned set of legal alternatives on
+the user's own GPU and records the fastest per shape in a JSON file; the ops
+then launch a recorded configuration when one matches, else the heuristic's.
+
+**Where.** ``$CUGEMM8_TUNED_FILE`` when set (``off`` / ``0`` / empty turns
+tuned configurations off), else ``$XDG_CACHE_HOME/cugemm8/tuned.json``
+(``~/.cache/cugemm8/tuned.json``).
+
+**Matching.** An entry applies only where its result transfers: the same
+GPU name and SM count, the same SM budget (:func:`cugemm8.set_num_sms`), the
+same CUDA driver, NVRTC and CuPy versions, the same kernel sources (their
+SHA-256, :func:`cugemm8._jit.source_hash`), and the same ``kind``, ``n``,
+``k``, ``num_groups`` and M bucket (:func:`m_bucket`: the next power of two,
+so an entry tuned at M = 64 serves 33 ... 64).  Anything else in the file is
+ignored, never used.
+
+**Safety.** The file is read once per process, at the first GEMM that needs
+a configuration (:func:`reload` reads it again).  A missing, unreadable,
+truncated or otherwise malformed file is treated as empty (one warning).
+Every entry is rebuilt with :func:`cugemm8._config.make_config` and checked
+with :func:`cugemm8._config.is_legal` for its ``k`` and the current SM
+budget before it is used; an entry that fails is skipped.  So a bad file can
+cost speed, never a crash or a wrong result.  Writers merge under an
+exclusive lock (``fcntl.flock`` on ``<file>.lock``) and replace the file
+atomically (write a temporary file in the same folder, ``os.replace``), so a
+reader never sees a partial file and two concurrent ``tune`` runs keep both
+runs' entries.
+
+File format (version 1)::
+
+    {"format": 1,
+     "entries": [{"env": {"gpu": ..., "sm_count": ..., "num_sms": ..., "driver": ...,
+                          "nvrtc": ..., "cupy": ..., "sources": ...},
+                  "kind": "normal", "n": 2112, "k": 7168, "num_groups": 1, "m_bucket": 64,
+                  "config": {"block_m": 64, "block_n": 32, "num_stages": 16, "num_multicast": 1,
+                             "multicast_on_a": false, "num_k_splits": 2, "num_sms": 132},
+                  "us": 9.1, "heuristic": "64x32 s16 k2 sms132", "heuristic_us": 9.3,
+                  "m": 64, "candidates": 14, "tuned_at": "2026-12-01T15:00:00Z"}, ...]}
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+from . import _config
+
+FORMAT = 1
+ENV_VAR = "CUGEMM8_TUNED_FILE"
+_OFF = ("", "0", "off", "false", "no", "none")
+ENV_FIELDS = ("gpu", "sm_count", "num_sms", "driver", "nvrtc", "cupy", "sources")
+CONFIG_FIELDS = ("block_m", "block_n", "num_stages", "num_multicast", "multicast_on_a",
+                 "num_k_splits", "num_sms")
+
+_lock = threading.Lock()
+_state: dict = {"loaded": False, "path": None, "entries": [], "problems": []}
+
+
+# ----------------------------------------------------------------------------
+# Location, keys
+# ----------------------------------------------------------------------------
+
+def tuned_path() -> Path | None:
+    """The tuned-configurations file (see the module docstring), or None when
+    ``$CUGEMM8_TUNED_FILE`` turns them off."""
+    env = os.environ.get(ENV_VAR)
+    if env is not None:
+        return None if env.strip().lower() in _OFF else Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "cugemm8" / "tuned.json"
+
+
+def m_bucket(m: int) -> int:
+    """The M bucket of a row count: the smallest power of two >= ``m`` (0 for 0).
+
+    ``m`` is what the op hands the heuristic: M (normal), ``m_sum``
+    (contiguous) or ``min(expected_m, m_max)`` (masked)."""
+    m = int(m)
+    if m < 0:
+        raise ValueError(f"m must be >= 0, got {m}")
+    return 0 if m == 0 else 1 << (m - 1).bit_length()
+
+
+def environment(num_sms: int, device_id: int | None = None) -> dict:
+    """The fields that make a tuned result transferable, for the current
+    device (or ``device_id``) and an SM budget of ``num_sms``."""
+    from . import _device, _jit
+    cupy = _device.import_cupy()
+    info = _device.device_info(device_id)
+    return {"gpu": info["name"], "sm_count": info["num_sms"], "num_sms": int(num_sms),
+            "driver": int(cupy.cuda.runtime.driverGetVersion()),
+            "nvrtc": _jit.nvrtc_release(), "cupy": cupy.__version__,
+            "sources": _jit.source_hash()}
+
+
+def shape_key(kind: str, n: int, k: int, num_groups: int, m: int) -> tuple:
+    return (kind, int(n), int(k), int(num_groups), m_bucket(m))
+
+
+def _env_key(env: dict) -> tuple:
+    return tuple(env[f] for f in ENV_FIELDS)
+
+
+# ----------------------------------------------------------------------------
+# Reading and validation
+# ----------------------------------------------------------------------------
+
+def _entry_problem(e) -> str | None:
+    """Why a raw entry is malformed (types only; legality is checked when
+    it is used), or None."""
+    if not isinstance(e, dict):
+        return "not an object"
+    env = e.get("env")
+    if not isinstance(env, dict) or any(f not in env for f in ENV_FIELDS):
+        return "env lacks fields"
+    if e.get("kind") not in _config.KINDS:
+        return f"unknown kind {e.get('kind')!r}"
+    for f in ("n", "k", "num_groups", "m_bucket"):
+        v = e.get(f)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            return f"{f} is not a non-negative int"
+    cfg = e.get("config")
+    if not isinstance(cfg, dict):
+        return "config is not an object"
+    for f in CONFIG_FIELDS:
+        v = cfg.get(f)
+        if f == "multicast_on_a":
+            if not isinstance(v, bool):
+                return "config.multicast_on_a is not a bool"
+        elif not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            return f"config.{f} is not a positive int"
+    return None
+
+
+def parse(text: str) -> tuple[list[dict], list[str]]:
+    """The well-formed entries of a tuned file's text and the problems found
+    (a malformed file gives no entries and one problem; a malformed entry is
+    skipped with one problem each).  Never raises."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        return [], [f"not valid JSON ({exc})"]
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), list):
+        return [], [f"not a format-{FORMAT} tuned file (an object with format {FORMAT} and a list of entries)"]
+    entries, problems = [], []
+    for i, e in enumerate(data["entries"]):
+        why = _entry_problem(e)
+        if why is None:
+            entries.append(e)
+        else:
+            problems.append(f"entry {i}: {why}")
+    return entries, problems
+
+
+def read_file(path: Path) -> tuple[list[dict], list[str]]:
+    """(entries, problems) of ``path``; a missing file is empty, no problem."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return [], []
+    except (OSError, UnicodeDecodeError) as exc:
+        return [], [f"unreadable ({type(exc).__name__}: {exc})"]
+    return parse(text)
+
+
+def _load() -> None:
+    path = tuned_path()
+    entries, problems = read_file(path) if path is not None else ([], [])
+    _state.update(loaded=True, path=path, entries=entries, problems=problems)
+    _state["index"] = {}
+    for e in entries:         # later entries win: the newest write of a key
+        _state["index"][(_env_key(e["env"]),) + shape_key(e["kind"], e["n"], e["k"], e["num_groups"],
+                                                          e["m_bucket"])] = e
+    if problems:
+        warnings.warn(f"cugemm8: tuned configurations file {path}: {problems[0]}"
+                      + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+                      + "; those entries are ignored", RuntimeWarning, stacklevel=3)
+
+
+def reload() -> None:
+    """Read the tuned file again (its entries serve shapes not yet launched:
+    call :func:`cugemm8.clear_launch_cache` too, to re-select cached ones)."""
+    with _lock:
+        _load()
+
+
+def entries() -> list[dict]:
+    """The well-formed entries of the file, as read (for display)."""
+    with _lock:
+        if not _state["loaded"]:
+            _load()
+        return list(_state["entries"])
+
+
+def has_entries() -> bool:
+    """Whether the tuned file (read at first use) holds any well-formed entry;
+    the ops ask this before they compute their environment."""
+    with _lock:
+        if not _state["loaded"]:
+            _load()
+        return _state["path"] is not None and bool(_state["index"])
+
+
+def config_from_entry(e: dict, k: int, available_sms: int) -> tuple[_config.GemmConfig | None, str]:
+    """Rebuild an entry's :class:`GemmConfig` for its ``k`` and check it
+    against the kernel's rules with ``available_sms`` SMs: (config, "") or
+    (None, why not)."""
+    c = e["config"]
+    try:
+        cfg = _config.make_config(e["kind"], c["block_m"], c["block_n"], c["num_stages"], k,
+                                  num_multicast=c["num_multicast"], multicast_on_a=c["multicast_on_a"],
+                                  num_k_splits=c["num_k_splits"], num_sms=c["num_sms"])
+        ok, why = _config.is_legal(cfg, k=k, available_sms=available_sms)
+    except (TypeError, ValueError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    return (cfg, "") if ok else (None, why)
+
+
+def lookup(kind: str, m: int, n: int, k: int, num_groups: int, env: dict) -> _config.GemmConfig | None:
+    """The tuned configuration for this call in environment ``env``
+    (:func:`environment`), or None (no file, no matching entry, or an entry
+    that is not legal here)."""
+    with _lock:
+        if not _state["loaded"]:
+            _load()
+        if _state["path"] is None or not _state["index"]:
+            return None
+        e = _state["index"].get((_env_key(env),) + shape_key(kind, n, k, num_groups, m))
+    if e is None:
+        return None
+    cfg, _ = config_from_entry(e, k, env["num_sms"])
+    return cfg
+
+
+# ----------------------------------------------------------------------------
+# Writing
+# ----------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    """An exclusive advisory lock on ``<path>.lock`` (POSIX ``flock``; where
+    ``fcntl`` is missing, no lock: writes stay atomic, concurrent merges may
+    then drop the other writer's entries)."""
+    lock_path = path.with_name(path.name + ".lock")
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            import fcntl
+        except ImportError:      # pragma: no cover - not POSIX
+            fcntl = None
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)             # closing releases the flock
+
+
+def entry_for(kind: str, m: int, n: int, k: int, num_groups: int, env: dict, cfg: _config.GemmConfig,
+              **extra) -> dict:
+    """A file entry recording ``cfg`` for this shape and environment."""
+    e = {"env": {f: env[f] for f in ENV_FIELDS}, "kind": kind, "n": int(n), "k": int(k),
+         "num_groups": int(num_groups), "m_bucket": m_bucket(m),
+         "config": {"block_m": cfg.block_m, "block_n": cfg.block_n, "num_stages": cfg.num_stages,
+                    "num_multicast": cfg.num_multicast, "multicast_on_a": bool(cfg.multicast_on_a),
+                    "num_k_splits": cfg.num_k_splits, "num_sms": cfg.num_sms}}
+    e.update(extra)
+    return e
+
+
+def _entry_key(e: dict) -> tuple:
+    return (_env_key(e["env"]),) + shape_key(e["kind"], e["n"], e["k"], e["num_groups"], e["m_bucket"])
+
+
+def write_entries(new: list[dict], path: Path | None = None) -> Path:
+    """Merge ``new`` into the tuned file (an entry with the same environment
+    and shape key replaces the old one; other entries are kept, malformed
+    ones dropped) under the file lock, and replace the file atomically.
+    Returns the path.  Raises ``ValueError`` if tuned configurations are
+    turned off and no ``path`` is given, ``OSError`` if the folder cannot be
+    written."""
+    path = tuned_path() if path is None else Path(path)
+    if path is None:
+        raise ValueError(f"tuned configurations are off ({ENV_VAR}={os.environ.get(ENV_VAR)!r}); "
+                         f"set it to a file path")
+    for e in new:
+        why = _entry_problem(e)
+        if why is not None:
+            raise ValueError(f"refusing to write a malformed entry: {why}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(path):
+        old, _ = read_file(path)
+        merged: dict = {}
+        for e in old + list(new):
+            merged[_entry_key(e)] = e
+        data = {"format": FORMAT, "entries": list(merged.values())}
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    return path

@@ -1,0 +1,420 @@
+"""Tuned configurations (issue 23), CPU only: the file's keys and staleness
+rules, corrupt and partial files, concurrent writers, legality validation of
+every loaded entry, the candidate family and the winner rule of ``cugemm8
+tune``, and the ops' choice between a tuned entry and the heuristic."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import warnings
+
+import pytest
+
+from cugemm8 import _config, _tune, _tuned, gemm as G
+
+ENV = {"gpu": "NVIDIA H200", "sm_count": 132, "num_sms": 132, "driver": 13000,
+       "nvrtc": "13.0.88", "cupy": "14.2.0", "sources": "ab" * 32}
+
+
+@pytest.fixture
+def tuned_file(tmp_path, monkeypatch):
+    path = tmp_path / "tuned.json"
+    monkeypatch.setenv(_tuned.ENV_VAR, str(path))
+    _tuned.reload()
+    G._tuned_envs.clear()
+    yield path
+    monkeypatch.delenv(_tuned.ENV_VAR)
+    _tuned.reload()
+    G._tuned_envs.clear()
+
+
+def _cfg(kind="normal", bm=64, bn=48, stages=8, k=7168, sms=88, **kw):
+    return _config.make_config(kind, bm, bn, stages, k, num_sms=sms, **kw)
+
+
+def _entry(kind="normal", m=64, n=2112, k=7168, g=1, env=ENV, cfg=None, **extra):
+    return _tuned.entry_for(kind, m, n, k, g, env, cfg or _cfg(kind, k=k), **extra)
+
+
+# ----------------------------------------------------------------------------
+# keys and location
+# ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("m, bucket", [(0, 0), (1, 1), (2, 2), (3, 4), (33, 64), (64, 64), (65, 128),
+                                       (4096, 4096), (4097, 8192)])
+def test_m_bucket_is_the_next_power_of_two(m, bucket):
+    assert _tuned.m_bucket(m) == bucket
+
+
+def test_m_bucket_rejects_negative_m():
+    with pytest.raises(ValueError, match="m must be >= 0"):
+        _tuned.m_bucket(-1)
+
+
+def test_location_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv(_tuned.ENV_VAR, str(tmp_path / "x.json"))
+    assert _tuned.tuned_path() == tmp_path / "x.json"
+    for off in ("off", "0", "", "none", "FALSE"):
+        monkeypatch.setenv(_tuned.ENV_VAR, off)
+        assert _tuned.tuned_path() is None
+    monkeypatch.delenv(_tuned.ENV_VAR)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert _tuned.tuned_path() == tmp_path / "cache" / "cugemm8" / "tuned.json"
+
+
+# ----------------------------------------------------------------------------
+# round trip, matching, staleness
+# ----------------------------------------------------------------------------
+
+def test_written_entry_is_found_for_every_m_of_its_bucket(tuned_file):
+    cfg = _cfg()
+    _tuned.write_entries([_entry(m=64, cfg=cfg, us=9.0)], tuned_file)
+    _tuned.reload()
+    for m in (33, 48, 64):
+        assert _tuned.lookup("normal", m, 2112, 7168, 1, ENV) == cfg
+    for m in (32, 65, 128):
+        assert _tuned.lookup("normal", m, 2112, 7168, 1, ENV) is None
+
+
+@pytest.mark.parametrize("field", _tuned.ENV_FIELDS)
+def test_an_entry_from_another_environment_is_never_used(tuned_file, field):
+    _tuned.write_entries([_entry(m=64)], tuned_file)
+    _tuned.reload()
+    other = dict(ENV)
+    other[field] = other[field] + 1 if isinstance(other[field], int) else other[field] + "x"
+    assert _tuned.lookup("normal", 64, 2112, 7168, 1, other) is None
+    assert _tuned.lookup("normal", 64, 2112, 7168, 1, ENV) is not None
+
+
+@pytest.mark.parametrize("change", [{"kind": "masked"}, {"n": 2120}, {"k": 7040}, {"num_groups": 2}])
+def test_an_entry_of_another_shape_is_never_used(tuned_file, change):
+    _tuned.write_entries([_entry(m=64)], tuned_file)
+    _tuned.reload()
+    args = {"kind": "normal", "n": 2112, "k": 7168, "num_groups": 1, **change}
+    assert _tuned.lookup(args["kind"], 64, args["n"], args["k"], args["num_groups"], ENV) is None
+
+
+def test_a_later_write_of_the_same_key_replaces_the_entry(tuned_file):
+    first, second = _cfg(bn=48, sms=88), _cfg(bn=32, stages=16, sms=128)
+    _tuned.write_entries([_entry(cfg=first)], tuned_file)
+    _tuned.write_entries([_entry(cfg=second), _entry(m=8, cfg=first)], tuned_file)
+    data = json.loads(tuned_file.read_text())
+    assert data["format"] == _tuned.FORMAT and len(data["entries"]) == 2
+    _tuned.reload()
+    assert _tuned.lookup("normal", 64, 2112, 7168, 1, ENV) == second
+    assert _tuned.lookup("normal", 8, 2112, 7168, 1, ENV) == first
+
+
+def test_the_file_is_read_once_until_reload(tuned_file):
+    cfg = _cfg()
+    _tuned.reload()
+    assert _tuned.lookup("normal", 64, 2112, 7168, 1, ENV) is None
+    _tuned.write_entries([_entry(cfg=cfg)], tuned_file)
+    assert _tuned.lookup("normal", 64, 2112, 7168, 1, ENV) is None    # deterministic within a process
+    _tuned.reload()
+    assert _tuned.lookup("normal", 64, 2112, 7168, 1, ENV) == cfg
+
+
+# ----------------------------------------------------------------------------
+# corrupt, partial and illegal contents
+# ----------------------------------------------------------------------------
+
+def _good_text(tmp_path):
+    p = tmp_path / "good.json"
+    _tuned.write_entries([_entry(), _entry(m=8)], p)
+    return p.read_text()
+
+
+@pytest.mark.parametrize("how", ["garbage", "truncated", "empty", "list", "wrong format", "entries not list",
+                                 "binary"])
+def test_a_corrupt_file_gives_a_warning_and_no_entries(tuned_file, tmp_path, how):
+    good = _good_text(tmp_path)
+    contents = {"garbage": "not json {", "truncated": good[:len(good) // 2], "empty": "",
+                "list": "[]", "wrong format": json.dumps({"format": 99, "entries": []}),
+                "entries not list": json.dumps({"format": 1, "entries": {}})}
+    if how == "binary":
+        tuned_file.write_bytes(b"\xff\xfe\x00garbage")
+    else:
+        tuned_file.write_text(contents[how])
+    with pytest.warns(RuntimeWarning, match="tuned configurations file"):
+        _tuned.reload()
+    assert _tuned.lookup("normal", 64, 2112, 7168, 1, ENV) is None
+    assert _tuned.entries() == []
+
+
+@pytest.mark.parametrize("breakage", [
+    lambda e: e.pop("env"), lambda e: e["env"].pop("sources"), lambda e: e.update(kind="weird"),
+    lambda e: e.update(n="2112"), lambda e: e.update(k=-1), lambda e: e.update(m_bucket=True),
+    lambda e: e.update(config=[]), lambda e: e["config"].update(block_n=0),
+    lambda e: e["config"].update(num_stages=2.5), lambda e: e["config"].update(multicast_on_a=1),
+    lambda e: e["config"].pop("num_sms")])
+def test_a_malformed_entry_is_skipped_and_the_rest_used(tuned_file, breakage):
+    bad, good = _entry(m=64), _entry(m=8)
+    breakage(bad)
+    tuned_file.write_text(json.dumps({"format": 1, "entries": [bad, good]}))
+    with pytest.warns(RuntimeWarning, match="entry 0"):
+        _tuned.reload()
+    assert _tuned.lookup("normal", 8, 2112, 7168, 1, ENV) is not None
+    assert _tuned.lookup("normal", 64, 2112, 7168, 1, ENV) is None
+
+
+@pytest.mark.parametrize("config, why", [
+    ({"block_n": 7}, "block_n"), ({"num_stages": 40}, "stages"), ({"block_m": 96}, "block_m"),
+    ({"num_sms": 500}, "SM"), ({"num_k_splits": 2, "num_multicast": 2}, ""),
+    ({"block_m": 256, "block_n": 192, "num_stages": 8}, "")])
+def test_an_illegal_config_is_never_used(tuned_file, config, why):
+    e = _entry(m=64)
+    e["config"].update(config)
+    tuned_file.write_text(json.dumps({"format": 1, "entries": [e]}))
+    _tuned.reload()
+    assert _tuned.lookup("normal", 64, 2112, 7168, 1, ENV) is None
+    cfg, reason = _tuned.config_from_entry(e, 7168, 132)
+    assert cfg is None and reason
+
+
+def test_an_entry_beyond_the_current_sm_budget_is_not_used(tuned_file):
+    _tuned.write_entries([_entry(cfg=_cfg(sms=128))], tuned_file)
+    _tuned.reload()
+    small = dict(ENV, num_sms=64)          # same file, the budget lowered to 64 SMs
+    assert _tuned.lookup("normal", 64, 2112, 7168, 1, small) is None
+
+
+def test_refuses_to_write_malformed_entries(tmp_path):
+    e = _entry()
+    e["config"]["block_m"] = "64"
+    with pytest.raises(ValueError, match="malformed entry"):
+        _tuned.write_entries([e], tmp_path / "t.json")
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_writing_with_tuning_off_and_no_path_raises(monkeypatch):
+    monkeypatch.setenv(_tuned.ENV_VAR, "off")
+    with pytest.raises(ValueError, match="tuned configurations are off"):
+        _tuned.write_entries([_entry()])
+
+
+def test_a_write_over_a_corrupt_file_keeps_only_the_new_entries(tmp_path):
+    p = tmp_path / "t.json"
+    p.write_text("{ truncated")
+    _tuned.write_entries([_entry()], p)
+    entries, problems = _tuned.read_file(p)
+    assert len(entries) == 1 and not problems
+
+
+def test_no_temporary_file_is_left_behind(tmp_path):
+    p = tmp_path / "t.json"
+    _tuned.write_entries([_entry()], p)
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["t.json", "t.json.lock"]
+
+
+def _writer(path: str, start: int, count: int) -> None:
+    for i in range(start, start + count):
+        _tuned.write_entries([_entry(m=1, n=8 * (i + 1))], path)
+
+
+def test_concurrent_writers_keep_every_entry(tmp_path):
+    """Four processes merging 10 entries each into one file: every entry
+    survives and the file stays valid JSON (flock + atomic replace)."""
+    path = tmp_path / "t.json"
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(str(path), 10 * p, 10)) for p in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    entries, problems = _tuned.read_file(path)
+    assert not problems
+    assert sorted(e["n"] for e in entries) == [8 * (i + 1) for i in range(40)]
+
+
+def test_a_reader_during_writes_sees_whole_files(tmp_path):
+    path = tmp_path / "t.json"
+    _tuned.write_entries([_entry()], path)
+    ctx = multiprocessing.get_context("spawn")
+    proc = ctx.Process(target=_writer, args=(str(path), 0, 30))
+    proc.start()
+    seen = 0
+    while proc.is_alive() or seen == 0:
+        entries, problems = _tuned.read_file(path)
+        assert not problems
+        seen += 1
+    proc.join(60)
+    assert proc.exitcode == 0
+
+
+# ----------------------------------------------------------------------------
+# the ops' choice
+# ----------------------------------------------------------------------------
+
+def test_the_ops_launch_a_matching_tuned_entry(tuned_file, monkeypatch):
+    monkeypatch.setattr(_tuned, "environment", lambda num_sms, device_id=None: dict(ENV, num_sms=num_sms))
+    heur = _config.select_config("normal", 64, 2112, 7168, num_sms=132)
+    tuned = _cfg(bn=48, stages=12, sms=88)
+    assert tuned != heur
+    assert G._choose("normal", 64, 2112, 7168, 1, 0, 132) == (heur, "heuristic")
+    _tuned.write_entries([_entry(cfg=tuned)], tuned_file)
+    G.reload_tuned_configs()
+    assert G._choose("normal", 64, 2112, 7168, 1, 0, 132) == (tuned, "tuned")
+    assert G._choose("normal", 128, 2112, 7168, 1, 0, 132)[1] == "heuristic"      # other bucket
+    assert G._choose("normal", 64, 2112, 7168, 1, 0, 120)[1] == "heuristic"      # other SM budget
+
+
+def test_tuning_off_never_reads_the_environment(monkeypatch):
+    monkeypatch.setenv(_tuned.ENV_VAR, "off")
+
+    def boom(*a, **k):
+        raise AssertionError("environment() must not be needed with tuning off")
+    monkeypatch.setattr(_tuned, "environment", boom)
+    cfg, source = G._choose("normal", 64, 2112, 7168, 1, 0, 132)
+    assert source == "heuristic" and cfg == _config.select_config("normal", 64, 2112, 7168, num_sms=132)
+
+
+# ----------------------------------------------------------------------------
+# the candidate family and the winner rule
+# ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind, m, n, k, g", [("normal", 1, 2112, 7168, 1), ("normal", 4096, 7168, 2048, 1),
+                                              ("contiguous", 16384, 4096, 7168, 4),
+                                              ("masked", 64, 7168, 2048, 16)])
+@pytest.mark.parametrize("num_sms", [132, 114, 78, 48])
+def test_candidates_are_legal_unique_and_start_with_the_heuristic(kind, m, n, k, g, num_sms):
+    cands = _tune.candidates(kind, m, n, k, g, num_sms)
+    assert cands[0] == _config.select_config(kind, m, n, k, num_groups=g, num_sms=num_sms)
+    assert len({str(c) for c in cands}) == len(cands) >= 4
+    for c in cands:
+        ok, why = _config.is_legal(c, k=k, available_sms=num_sms)
+        assert ok, (str(c), why)
+
+
+def test_parse_config_reads_what_str_writes():
+    for c in _tune.candidates("normal", 64, 2112, 7168, 1, 132):
+        back = _tune.parse_config(str(c), "normal", 64, 2112, 7168, 1, 132)
+        assert (back.block_m, back.block_n, back.num_multicast, back.multicast_on_a, back.num_k_splits) == \
+               (c.block_m, c.block_n, c.num_multicast, c.multicast_on_a, c.num_k_splits)
+    with pytest.raises(ValueError, match="not of the form"):
+        _tune.parse_config("64x32", "normal", 64, 2112, 7168, 1, 132)
+
+
+def _measured(us, status="ok"):
+    m = _tune.Measured(_cfg())
+    m.samples, m.status = ([us] if us is not None else []), status
+    return m
+
+
+def test_the_heuristic_stays_unless_beaten_by_more_than_the_margin():
+    h = _measured(10.0)
+    close, better, wrong = _measured(9.95), _measured(9.5), _measured(1.0, "wrong (calc_diff 1e-1)")
+    assert _tune.choose(h, [h, close]) is h
+    assert _tune.choose(h, [h, close, better, wrong]) is better
+    assert _tune.choose(h, [h, _measured(2.0, "pruned")]) is h
+    failed = _measured(None, "error RuntimeError")
+    assert _tune.choose(failed, [failed, close]) is close
+
+
+def test_a_recorded_winner_is_a_valid_entry_that_lookup_finds(tmp_path, monkeypatch):
+    monkeypatch.setenv(_tuned.ENV_VAR, str(tmp_path / "t.json"))
+    win, heur = _measured(9.0), _tune.Measured(_config.select_config("normal", 48, 2112, 7168, num_sms=132))
+    heur.samples = [9.5, 9.6]
+    e = _tune.record("normal", 48, 2112, 7168, 1, ENV, win, heur, 7)
+    assert e["m_bucket"] == 64 and e["rows"] == 48 and e["us"] == 9.0 and e["heuristic_us"] == 9.55
+    assert e["heuristic"] == str(heur.config) and e["candidates"] == 7 and e["tuned_at"].endswith("Z")
+    _tuned.write_entries([e])
+    _tuned.reload()
+    assert _tuned.lookup("normal", 48, 2112, 7168, 1, ENV) == win.config
+    _tuned.reload()
+
+
+def test_time_candidates_interleaves_prunes_and_stops_at_the_deadline():
+    """A stand-in for CuPy's events: each launch 'takes' its candidate's time."""
+    clock = {"now": 0.0, "log": []}
+
+    class Event:
+        def record(self):
+            self.t = clock["now"]
+
+        def synchronize(self):
+            pass
+
+    import types
+    FakeCp = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Event=Event, get_elapsed_time=lambda s, e: e.t - s.t))
+
+    def launch(name, ms):
+        def run():
+            clock["log"].append(name)
+            clock["now"] += ms
+        return run
+    runs = {n: (_measured(None), launch(n, ms)) for n, ms in (("a", 1.0), ("b", 1.1), ("slow", 2.0))}
+    for m, _ in runs.values():
+        m.samples = []
+    _tune.time_candidates(runs, FakeCp, lambda: None, rounds=3, reps=2, deadline=float("inf"))
+    assert runs["slow"][0].status == "pruned" and len(runs["slow"][0].samples) == 2
+    assert len(runs["a"][0].samples) == len(runs["b"][0].samples) == 6
+    assert runs["a"][0].us == pytest.approx(1000.0)
+    assert clock["log"][:6] == ["a", "a", "b", "b", "slow", "slow"]
+    assert clock["log"][6:8] == ["b", "b"]             # round 2 starts at the next candidate
+    runs = {n: (_measured(None), launch(n, 1.0)) for n in "xy"}
+    for m, _ in runs.values():
+        m.samples = []
+    _tune.time_candidates(runs, FakeCp, lambda: None, rounds=5, reps=1, deadline=-1.0)
+    assert all(len(m.samples) == 1 for m, _ in runs.values())     # one round, then the deadline
+
+
+# ----------------------------------------------------------------------------
+# the command line without a GPU
+# ----------------------------------------------------------------------------
+
+def test_tune_without_a_gpu_says_so(capsys):
+    from cugemm8.cli import _common
+    if _common.gpu_reason() is None:
+        pytest.skip("a GPU is present")
+    from cugemm8.cli._main import main
+    assert main(["tune", "--shapes", "@normal"]) == 2
+    assert "no usable Hopper GPU" in capsys.readouterr().err
+
+
+def test_tune_rejects_unknown_kinds_and_bad_shapes(capsys, tmp_path):
+    from cugemm8.cli._main import main
+    assert main(["tune", "--shapes", "@normal", "--kinds", "dense"]) == 2
+    assert "unknown kind(s) dense" in capsys.readouterr().err
+    assert main(["tune", "--shapes", "@nope"]) == 2
+    assert "unknown shapes preset" in capsys.readouterr().err
+    assert main(["tune", "--shapes", "@grouped", "--kinds", "normal"]) == 2
+    assert "no shapes of the chosen kinds" in capsys.readouterr().err
+
+
+def test_configs_shows_the_tuned_pick_beside_the_heuristic(tuned_file, capsys):
+    from cugemm8.cli import configs
+    tuned = _cfg(bn=48, stages=12, sms=88)
+    _tuned.write_entries([_entry(cfg=tuned, us=9.0, heuristic_us=9.5, tuned_at="2026-12-01T00:00:00Z")],
+                         tuned_file)
+    entries, _ = _tuned.read_file(tuned_file)
+    cases = [("normal", 1, 64, 2112, 7168), ("normal", 1, 128, 2112, 7168)]
+    rows = configs.tuned_rows(cases, 132, entries, ENV)
+    assert len(rows) == 1
+    assert rows[0][6] == str(tuned) and rows[0][-1] == "used" and rows[0][7:9] == ("9.5", "9.0")
+    stale = configs.tuned_rows(cases, 132, entries, dict(ENV, sources="cd" * 32))
+    assert stale[0][-1] == "stale: sources differ"
+    assert "no GPU here" in configs.tuned_rows(cases, 132, entries, None)[0][-1]
+    assert configs.tuned_rows(cases, 120, entries, ENV) == []
+
+
+def test_presets_name_the_benchmark_tables():
+    from cugemm8 import _shapes
+    assert len(_shapes.load_shapes("@normal")) == 18
+    assert len(_shapes.load_shapes("@decode")) == 48
+    grouped = _shapes.load_shapes("@grouped")
+    assert {s.kind for s in grouped} == {"contiguous", "masked"}
+    assert all(s.m % 128 == 0 for s in grouped if s.kind == "contiguous")
+
+
+def test_corrupt_file_never_breaks_get_gemm_config_on_a_cpu(tuned_file):
+    tuned_file.write_text("{{{")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # num_sms given: the heuristic, the file is not even read
+        assert G.get_gemm_config("normal", 64, 2112, 7168, num_sms=132) == \
+               _config.select_config("normal", 64, 2112, 7168, num_sms=132)
+    assert os.path.exists(tuned_file)

@@ -20,17 +20,19 @@ from .layout import get_m_alignment_for_contiguous_layout
 from .layout import make_contiguous_layout
 from .quant import gemm_fp8
 from .quant import gemm_fp8_workspace_bytes
+from .quant import cast_transpose_block_fp8
 from .quant import per_block_cast_to_fp8
 from .quant import per_token_cast_to_fp8
+from .quant import per_token_cast_to_fp8_t
 from . import interop
 from . import reference
 
-__version__ = "0.9.0"
+__version__ = "0.10.0"
 
 __all__ = [
-    "DeviceError", "GemmConfig", "gemm_fp8", "gemm_fp8_fp8_bf16_nt", "gemm_fp8_workspace_bytes",
+    "DeviceError", "GemmConfig", "cast_transpose_block_fp8", "gemm_fp8", "gemm_fp8_fp8_bf16_nt", "gemm_fp8_workspace_bytes",
     "get_col_major_tma_aligned_tensor", "get_gemm_config", "get_m_alignment_for_contiguous_layout",
     "get_num_sms", "get_pdl", "interop", "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous",
     "m_grouped_gemm_fp8_fp8_bf16_nt_masked", "make_contiguous_layout", "per_block_cast_to_fp8",
-    "per_token_cast_to_fp8", "reference", "reload_tuned_configs", "set_num_sms", "set_pdl",
+    "per_token_cast_to_fp8", "per_token_cast_to_fp8_t", "reference", "reload_tuned_configs", "set_num_sms", "set_pdl",
 ]

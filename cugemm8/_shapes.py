@@ -156,8 +156,8 @@ def _validate(where: str, kind, vals, item) -> Shape:
 def _parse_json(path: str, text: str) -> list[Shape]:
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"cannot read shapes file {path}: {exc}") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"cannot read shapes file {path}: {type(exc).__name__}: {str(exc)[:80]}") from None
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a JSON list of shape objects, got {type(data).__name__}")
     shapes = []

@@ -5,13 +5,16 @@ tune`` times the heuristic's pick and a pruned set of legal alternatives on
 the user's own GPU and records the fastest per shape in a JSON file; the ops
 then launch a recorded configuration when one matches, else the heuristic's.
 
-**Where.** ``$CUGEMM8_TUNED_FILE`` when set (``off`` / ``0`` / empty turns
-tuned configurations off), else ``$XDG_CACHE_HOME/cugemm8/tuned.json``
-(``~/.cache/cugemm8/tuned.json``).
+**Where.** ``$CUGEMM8_TUNED_FILE`` when set (a path; ``off``, ``0``,
+``false``, ``no``, ``none`` or an empty value turn tuned configurations off),
+else ``$XDG_CACHE_HOME/cugemm8/tuned.json`` (an absolute XDG_CACHE_HOME only,
+else ``~/.cache/cugemm8/tuned.json``).  Entries are never pruned: delete the
+file (or one entry) to forget them; ``cugemm8 configs`` marks stale ones.
 
 **Matching.** An entry applies only where its result transfers: the same
 GPU name and SM count, the same SM budget (:func:`cugemm8.set_num_sms`), the
-same CUDA driver, NVRTC and CuPy versions, the same kernel sources (their
+same CUDA driver, NVRTC, CuPy and cugemm8 versions (a new release may change
+the heuristic the entry was measured against), the same kernel sources (their
 SHA-256, :func:`cugemm8._jit.source_hash`), and the same ``kind``, ``n``,
 ``k``, ``num_groups`` and M bucket (:func:`m_bucket`: the next power of two,
 so an entry tuned at M = 64 serves 33 ... 64).  Anything else in the file is
@@ -25,20 +28,23 @@ with :func:`cugemm8._config.is_legal` for its ``k`` and the current SM
 budget before it is used; an entry that fails is skipped.  So a bad file can
 cost speed, never a crash or a wrong result.  Writers merge under an
 exclusive lock (``fcntl.flock`` on ``<file>.lock``) and replace the file
-atomically (write a temporary file in the same folder, ``os.replace``), so a
-reader never sees a partial file and two concurrent ``tune`` runs keep both
-runs' entries.
+atomically (write a temporary file in the same folder, ``os.replace``; the
+file's permissions and a symlink to it are kept), so a reader never sees a
+partial file and two concurrent ``tune`` runs keep both runs' entries.  A
+file that cannot be read as a whole (a typo in a hand edit, another format)
+is never overwritten: the writer moves it to ``<file>.bad`` first, with a
+warning.
 
 File format (version 1)::
 
     {"format": 1,
      "entries": [{"env": {"gpu": ..., "sm_count": ..., "num_sms": ..., "driver": ...,
-                          "nvrtc": ..., "cupy": ..., "sources": ...},
+                          "nvrtc": ..., "cupy": ..., "sources": ..., "cugemm8": ...},
                   "kind": "normal", "n": 2112, "k": 7168, "num_groups": 1, "m_bucket": 64,
                   "config": {"block_m": 64, "block_n": 32, "num_stages": 16, "num_multicast": 1,
                              "multicast_on_a": false, "num_k_splits": 2, "num_sms": 132},
                   "us": 9.1, "heuristic": "64x32 s16 k2 sms132", "heuristic_us": 9.3,
-                  "m": 64, "candidates": 14, "tuned_at": "2026-12-01T15:00:00Z"}, ...]}
+                  "rows": 64, "candidates": 14, "tuned_at": "2026-12-01T15:00:00Z"}, ...]}
 """
 from __future__ import annotations
 
@@ -55,7 +61,7 @@ from . import _config
 FORMAT = 1
 ENV_VAR = "CUGEMM8_TUNED_FILE"
 _OFF = ("", "0", "off", "false", "no", "none")
-ENV_FIELDS = ("gpu", "sm_count", "num_sms", "driver", "nvrtc", "cupy", "sources")
+ENV_FIELDS = ("gpu", "sm_count", "num_sms", "driver", "nvrtc", "cupy", "sources", "cugemm8")
 CONFIG_FIELDS = ("block_m", "block_n", "num_stages", "num_multicast", "multicast_on_a",
                  "num_k_splits", "num_sms")
 
@@ -73,7 +79,8 @@ def tuned_path() -> Path | None:
     env = os.environ.get(ENV_VAR)
     if env is not None:
         return None if env.strip().lower() in _OFF else Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "cugemm8" / "tuned.json"
 
 
@@ -94,10 +101,11 @@ def environment(num_sms: int, device_id: int | None = None) -> dict:
     from . import _device, _jit
     cupy = _device.import_cupy()
     info = _device.device_info(device_id)
+    from . import __version__
     return {"gpu": info["name"], "sm_count": info["num_sms"], "num_sms": int(num_sms),
             "driver": int(cupy.cuda.runtime.driverGetVersion()),
             "nvrtc": _jit.nvrtc_release(), "cupy": cupy.__version__,
-            "sources": _jit.source_hash()}
+            "sources": _jit.source_hash(), "cugemm8": __version__}
 
 
 def shape_key(kind: str, n: int, k: int, num_groups: int, m: int) -> tuple:
@@ -120,12 +128,18 @@ def _entry_problem(e) -> str | None:
     env = e.get("env")
     if not isinstance(env, dict) or any(f not in env for f in ENV_FIELDS):
         return "env lacks fields"
+    for f in ENV_FIELDS:
+        v = env[f]
+        if not (isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool))):
+            return f"env.{f} is not a string or an int"
     if e.get("kind") not in _config.KINDS:
         return f"unknown kind {e.get('kind')!r}"
     for f in ("n", "k", "num_groups", "m_bucket"):
         v = e.get(f)
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             return f"{f} is not a non-negative int"
+    if e["m_bucket"] & (e["m_bucket"] - 1):
+        return "m_bucket is not 0 or a power of two"
     cfg = e.get("config")
     if not isinstance(cfg, dict):
         return "config is not an object"
@@ -145,9 +159,11 @@ def parse(text: str) -> tuple[list[dict], list[str]]:
     skipped with one problem each).  Never raises."""
     try:
         data = json.loads(text)
-    except ValueError as exc:
-        return [], [f"not valid JSON ({exc})"]
-    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), list):
+    except (ValueError, RecursionError) as exc:     # RecursionError: absurdly nested JSON
+        return [], [f"not valid JSON ({type(exc).__name__}: {str(exc)[:80]})"]
+    fmt = data.get("format") if isinstance(data, dict) else None
+    if (not isinstance(data, dict) or type(fmt) is not int or fmt != FORMAT
+            or not isinstance(data.get("entries"), list)):
         return [], [f"not a format-{FORMAT} tuned file (an object with format {FORMAT} and a list of entries)"]
     entries, problems = [], []
     for i, e in enumerate(data["entries"]):
@@ -181,7 +197,7 @@ def _load() -> None:
     if problems:
         warnings.warn(f"cugemm8: tuned configurations file {path}: {problems[0]}"
                       + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
-                      + "; those entries are ignored", RuntimeWarning, stacklevel=3)
+                      + "; those entries are ignored", RuntimeWarning, stacklevel=4)
 
 
 def reload() -> None:
@@ -293,15 +309,31 @@ def write_entries(new: list[dict], path: Path | None = None) -> Path:
         why = _entry_problem(e)
         if why is not None:
             raise ValueError(f"refusing to write a malformed entry: {why}")
+    path = Path(os.path.realpath(path))          # a symlinked file is updated where it lives
     path.parent.mkdir(parents=True, exist_ok=True)
     with _file_lock(path):
-        old, _ = read_file(path)
+        old, problems = read_file(path)
+        file_level = [p for p in problems if not p.startswith("entry ")]
+        if file_level and path.exists():
+            # Never overwrite what could not be read (a hand edit with a typo,
+            # a newer format): keep it beside the new file and say so.
+            aside = path.with_name(path.name + ".bad")
+            os.replace(path, aside)
+            warnings.warn(f"cugemm8: tuned configurations file {path}: {file_level[0]}; "
+                          f"moved to {aside} and written anew", RuntimeWarning, stacklevel=2)
+        try:
+            mode = os.stat(path).st_mode & 0o777
+        except FileNotFoundError:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
         merged: dict = {}
         for e in old + list(new):
             merged[_entry_key(e)] = e
         data = {"format": FORMAT, "entries": list(merged.values())}
         fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
         try:
+            os.fchmod(fd, mode)
             with os.fdopen(fd, "w") as f:
                 json.dump(data, f, indent=1)
                 f.flush()

@@ -8,13 +8,14 @@ import json
 import multiprocessing
 import os
 import warnings
+from pathlib import Path
 
 import pytest
 
 from cugemm8 import _config, _tune, _tuned, gemm as G
 
 ENV = {"gpu": "NVIDIA H200", "sm_count": 132, "num_sms": 132, "driver": 13000,
-       "nvrtc": "13.0.88", "cupy": "14.2.0", "sources": "ab" * 32}
+       "nvrtc": "13.0.88", "cupy": "14.2.0", "sources": "ab" * 32, "cugemm8": "0.10.0"}
 
 
 @pytest.fixture
@@ -194,12 +195,56 @@ def test_writing_with_tuning_off_and_no_path_raises(monkeypatch):
         _tuned.write_entries([_entry()])
 
 
-def test_a_write_over_a_corrupt_file_keeps_only_the_new_entries(tmp_path):
+def test_a_write_never_overwrites_a_file_it_cannot_read(tmp_path):
+    """A hand edit with a typo (or a newer format) is moved aside to
+    <file>.bad with a warning, and the new entries go into a fresh file."""
     p = tmp_path / "t.json"
-    p.write_text("{ truncated")
-    _tuned.write_entries([_entry()], p)
+    p.write_text('{"format": 1, "entries": [],}')
+    with pytest.warns(RuntimeWarning, match="moved to"):
+        _tuned.write_entries([_entry()], p)
     entries, problems = _tuned.read_file(p)
     assert len(entries) == 1 and not problems
+    assert (tmp_path / "t.json.bad").read_text() == '{"format": 1, "entries": [],}'
+
+
+def test_a_write_keeps_the_file_mode_and_follows_a_symlink(tmp_path):
+    real = tmp_path / "shared" / "real.json"
+    real.parent.mkdir()
+    _tuned.write_entries([_entry()], real)
+    os.chmod(real, 0o644)
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    _tuned.write_entries([_entry(m=8)], link)
+    assert link.is_symlink() and len(_tuned.read_file(real)[0]) == 2
+    assert (os.stat(real).st_mode & 0o777) == 0o644
+
+
+def test_absurd_nesting_and_unhashable_env_values_never_raise(tuned_file):
+    tuned_file.write_text("[" * 100000)
+    with pytest.warns(RuntimeWarning, match="not valid JSON"):
+        _tuned.reload()
+    assert _tuned.entries() == []
+    bad = _entry(m=64)
+    bad["env"]["gpu"] = ["NVIDIA H200"]
+    tuned_file.write_text(json.dumps({"format": 1, "entries": [bad, _entry(m=8)]}))
+    with pytest.warns(RuntimeWarning, match="env.gpu"):
+        _tuned.reload()
+    assert _tuned.lookup("normal", 8, 2112, 7168, 1, ENV) is not None
+    for fmt in (True, 1.0, "1"):
+        tuned_file.write_text(json.dumps({"format": fmt, "entries": [_entry()]}))
+        with pytest.warns(RuntimeWarning, match="format"):
+            _tuned.reload()
+    e = _entry()
+    e["m_bucket"] = 50
+    tuned_file.write_text(json.dumps({"format": 1, "entries": [e]}))
+    with pytest.warns(RuntimeWarning, match="power of two"):
+        _tuned.reload()
+
+
+def test_a_relative_xdg_cache_home_is_ignored(monkeypatch):
+    monkeypatch.delenv(_tuned.ENV_VAR, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
+    assert _tuned.tuned_path() == Path(os.path.expanduser("~")) / ".cache" / "cugemm8" / "tuned.json"
 
 
 def test_no_temporary_file_is_left_behind(tmp_path):
@@ -377,6 +422,11 @@ def test_tune_without_a_gpu_says_so(capsys):
 
 def test_tune_rejects_unknown_kinds_and_bad_shapes(capsys, tmp_path):
     from cugemm8.cli._main import main
+    for bad in (["--budget-s", "0"], ["--budget-s", "-5"], ["--budget-s", "nan"], ["--split-k", "-1"]):
+        with pytest.raises(SystemExit) as exc:
+            main(["tune", "--shapes", "@normal", *bad])
+        assert exc.value.code == 2
+        capsys.readouterr()
     assert main(["tune", "--shapes", "@normal", "--kinds", "dense"]) == 2
     assert "unknown kind(s) dense" in capsys.readouterr().err
     assert main(["tune", "--shapes", "@nope"]) == 2
@@ -399,6 +449,10 @@ def test_configs_shows_the_tuned_pick_beside_the_heuristic(tuned_file, capsys):
     assert stale[0][-1] == "stale: sources differ"
     assert "no GPU here" in configs.tuned_rows(cases, 132, entries, None)[0][-1]
     assert configs.tuned_rows(cases, 120, entries, ENV) == []
+    illegal = _entry(cfg=tuned, us=10 ** 400)
+    illegal["config"]["num_stages"] = 7          # odd stages at BLOCK_M = 64: illegal
+    rows = configs.tuned_rows(cases, 132, [illegal], None)
+    assert rows[0][-1].startswith("ignored:") and rows[0][8] == "-"
 
 
 def test_presets_name_the_benchmark_tables():

@@ -31,6 +31,15 @@ def cmd_configs(args) -> int:
     return 0
 
 
+def _us(value) -> str:
+    """A recorded time for display ("-" for anything that is not a sane number)."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return "-"
+    return f"{v:.1f}" if 0 <= v < 1e12 else "-"
+
+
 def tuned_rows(cases, num_sms: int, entries: list, env_here: dict | None) -> list[tuple]:
     """One row per case that the tuned file has an entry for (same kind, n,
     k, num_groups, M bucket and SM budget): the heuristic's pick, the tuned
@@ -49,15 +58,17 @@ def tuned_rows(cases, num_sms: int, entries: list, env_here: dict | None) -> lis
         e = found[-1]
         if env_here is not None:
             exact = [x for x in found if all(x["env"].get(f) == env_here[f] for f in _tuned.ENV_FIELDS)]
-            if exact:
-                e = exact[-1]
-                cfg, why = _tuned.config_from_entry(e, k, num_sms)
-                status = "used" if cfg is not None else f"ignored: {why}"
-            else:
-                diff = [f for f in _tuned.ENV_FIELDS if e["env"].get(f) != env_here[f]]
-                status = "stale: " + ", ".join(diff) + " differ"
-        else:
+            e = exact[-1] if exact else e
+        cfg, why = _tuned.config_from_entry(e, k, num_sms)
+        if cfg is None:
+            status = f"ignored: {why}"
+        elif env_here is None:
             status = f"recorded on {e['env'].get('gpu')} (no GPU here to match)"
+        elif exact:
+            status = "used"
+        else:
+            diff = [f for f in _tuned.ENV_FIELDS if e["env"].get(f) != env_here[f]]
+            status = "stale: " + ", ".join(diff) + " differ"
         heur = _config.select_config(kind, m, n, k, num_groups=g, num_sms=num_sms)
         c = e["config"]
         tag = " k2" if c["num_k_splits"] == 2 else (
@@ -65,9 +76,8 @@ def tuned_rows(cases, num_sms: int, entries: list, env_here: dict | None) -> lis
         tuned = f"{c['block_m']}x{c['block_n']} s{c['num_stages']}{tag} sms{c['num_sms']}"
         us = e.get("us")
         h_us = e.get("heuristic_us")
-        rows.append((kind, str(g), str(m), str(n), str(k), str(heur), tuned,
-                     f"{h_us:.1f}" if isinstance(h_us, (int, float)) else "-",
-                     f"{us:.1f}" if isinstance(us, (int, float)) else "-", str(e.get("tuned_at", "-")), status))
+        rows.append((kind, str(g), str(m), str(n), str(k), str(heur), tuned, _us(h_us), _us(us),
+                     str(e.get("tuned_at", "-"))[:24], status))
     return rows
 
 
@@ -92,7 +102,7 @@ def _print_tuned(cases, num_sms: int) -> None:
     rows = tuned_rows(cases, num_sms, entries, env_here)
     print()
     for why in problems[:5]:
-        print(f"tuned file {path}: ignored {why}")
+        print(f"tuned file {path}: {why} (ignored)")
     if rows:
         print_table(f"tuned configurations ({path}), {num_sms} SMs",
                     ("kind", "G", "m", "n", "k", "heuristic", "tuned", "heur µs", "tuned µs", "tuned at",
@@ -108,6 +118,7 @@ def register(sub) -> None:
                                    "benchmark shapes, or for the shapes in FILE (the warmup format: see "
                                    "`cugemm8 warmup --help`).")
     p.add_argument("--shapes", metavar="FILE",
-                   help="shapes file or @check / @check-quick (default: the benchmark shapes)")
+                   help="shapes file or a preset: @normal, @decode, @grouped, @check, @check-quick "
+                        "(default: the benchmark shapes)")
     p.add_argument("--num-sms", type=_positive_int, default=132, help="SMs available (default 132, an H200)")
     p.set_defaults(func=cmd_configs)

@@ -11,8 +11,9 @@ reference (``calc_diff`` < 1e-3 on the valid rows), a wrong one is never
 timed or chosen; then CUDA-event timings with a 256 MB L2 flush before each
 repetition, interleaved across candidates in rounds, median per candidate.
 The heuristic's pick stays unless a candidate is more than 1 % faster.
-``--budget-s`` bounds the whole run (compiles included); a shape whose share
-runs out keeps what its first round measured.
+``--budget-s`` is a soft limit on the run: compiling is never cut short,
+and a shape whose share of the time runs out keeps what its first round
+measured.
 """
 from __future__ import annotations
 
@@ -30,8 +31,12 @@ CHECK_LIMIT = 1e-3
 
 
 def _op_m(s: Shape) -> int:
-    """The m the op hands the heuristic (shapes-file semantics: m_sum for
-    contiguous, expected_m for masked)."""
+    """The m the op hands the heuristic on the operands tune builds
+    (shapes-file semantics: expected_m for masked; for contiguous, m_sum
+    with every group of ceil(m / g) rows padded to 128, as the data is)."""
+    if s.kind == "contiguous":
+        per_group = -(-s.m // s.num_groups)
+        return s.num_groups * (-(-per_group // 128) * 128)
     return s.m
 
 
@@ -73,7 +78,8 @@ def cmd_tune(args) -> int:
     except ValueError as exc:
         print(f"cugemm8 tune: {exc}", file=sys.stderr)
         return 2
-    kinds = args.kinds.split(",") if args.kinds else list(KINDS)
+    kinds = [k for k in args.kinds.split(",") if k.strip()] if args.kinds else list(KINDS)
+    kinds = [k.strip() for k in kinds] or list(KINDS)
     bad = [k for k in kinds if k not in KINDS]
     if bad:
         print(f"cugemm8 tune: unknown kind(s) {', '.join(bad)}; choose from {', '.join(KINDS)}",
@@ -95,10 +101,18 @@ def cmd_tune(args) -> int:
     from ._data import bf16_to_f64, calc_diff, make_l2_flush, make_operands, poisoned_out, reference
 
     path = Path(args.out) if args.out else _tuned.tuned_path()
-    if path is None:
+    if path is None and not args.dry_run:
         print(f"cugemm8 tune: tuned configurations are off ({_tuned.ENV_VAR}); give --out FILE",
               file=sys.stderr)
         return 2
+    if path is not None and not args.dry_run:
+        try:                          # fail now, not after the measurements
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with _tuned._file_lock(Path(os.path.realpath(path))):
+                pass
+        except OSError as exc:
+            print(f"cugemm8 tune: cannot write the tuned file {path}: {exc}", file=sys.stderr)
+            return 2
     if args.num_sms is not None:
         try:
             cugemm8.set_num_sms(args.num_sms)
@@ -234,6 +248,29 @@ def cmd_tune(args) -> int:
     return 0
 
 
+def _budget(text: str) -> float:
+    import argparse
+    import math
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return v
+
+
+def _count(text: str) -> int:
+    import argparse
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
 def register(sub) -> None:
     p = sub.add_parser("tune", help="time candidate kernel configurations on this GPU and record the fastest",
                        description="Time the heuristic's configuration and a pruned set of legal "
@@ -246,11 +283,13 @@ def register(sub) -> None:
                    help="shapes file (see `cugemm8 warmup --help`) or a preset: @normal (18 shapes), "
                         "@decode (48), @grouped, @check, @check-quick")
     p.add_argument("--kinds", default="", help="comma-separated kinds to tune (default: all in the file)")
-    p.add_argument("--budget-s", type=float, default=300.0, help="time limit of the whole run (default 300 s)")
+    p.add_argument("--budget-s", type=_budget, default=300.0,
+                   help="soft time limit of the run (default 300 s): compiling is never cut short, and "
+                        "every shape gets at least one timing round")
     p.add_argument("--num-sms", type=_positive_int, default=None,
                    help="tune for this SM budget (cugemm8.set_num_sms; default: the device's)")
     p.add_argument("--top", type=_positive_int, default=6, help="the cost model's top configs per shape (6)")
-    p.add_argument("--split-k", type=int, default=4, help="split-K candidates per shape (4)")
+    p.add_argument("--split-k", type=_count, default=4, help="split-K candidates per shape (4)")
     p.add_argument("--rounds", type=_positive_int, default=4, help="interleaved timing rounds (4)")
     p.add_argument("--reps", type=_positive_int, default=5, help="repetitions per candidate per round (5)")
     p.add_argument("--jobs", type=_positive_int, default=min(16, os.cpu_count() or 1),

@@ -6,6 +6,9 @@ Cases (bfloat16 input, DeepSeek-V3 sizes):
 
 * per_token_cast_to_fp8 on [4096, 7168] (prefill) and [128, 7168] (decode);
 * per_block_cast_to_fp8 on [7168, 7168] (a weight matrix);
+* the backward pass's transposing casts: per_token_cast_to_fp8_t on
+  [4096, 7168] and [4096, 2048] bf16 and [4096, 7168] float32, and
+  cast_transpose_block_fp8 on [7168, 7168] bf16;
 * with ``--extra``, also per_token on [2048, 7168] bf16, [4096, 7168]
   float32 and float16, [4096, 7168] bf16 with pow2_scale, a 3-D
   [8, 512, 7168] bf16 batch and a strided [4096, 7168] view of a
@@ -132,7 +135,16 @@ def case_bytes(kind: str, rows: int, k: int, item: int) -> int:
     kb = -(-k // 128)
     if kind == "per_token":
         return rows * k * item + rows * k + kb * (-(-rows // 4) * 4) * 4
+    if kind == "transpose_column":          # payload [k, rows_pad16], scales [k, ceil(rows/128)]
+        return rows * k * item + k * (-(-rows // 16) * 16) + k * (-(-rows // 128)) * 4
+    if kind == "transpose_block":
+        return rows * k * item + k * (-(-rows // 16) * 16) + (-(-rows // 128)) * kb * 4
     return rows * k * item + rows * k + (-(-rows // 128)) * kb * 4
+
+
+#: the function of each case kind
+FUNCS = {"per_token": "per_token_cast_to_fp8", "per_block": "per_block_cast_to_fp8",
+         "transpose_column": "per_token_cast_to_fp8_t", "transpose_block": "cast_transpose_block_fp8"}
 
 
 def _input(rng, shape, dtype):
@@ -148,6 +160,13 @@ def _cases(extra: bool) -> list:
         ("per_token [4096, 7168] bf16", "per_token", lambda r: _input(r, (4096, 7168), bf16), {}, cupy_per_token),
         ("per_token [128, 7168] bf16", "per_token", lambda r: _input(r, (128, 7168), bf16), {}, cupy_per_token),
         ("per_block [7168, 7168] bf16", "per_block", lambda r: _input(r, (7168, 7168), bf16), {}, cupy_per_block),
+        # the backward pass's transposing casts (issue 21): wgrad operands and W^T
+        ("per_token_t [4096, 7168] bf16", "transpose_column", lambda r: _input(r, (4096, 7168), bf16), {}, None),
+        ("per_token_t [4096, 2048] bf16", "transpose_column", lambda r: _input(r, (4096, 2048), bf16), {}, None),
+        ("cast_transpose [7168, 7168] bf16", "transpose_block", lambda r: _input(r, (7168, 7168), bf16), {},
+         None),
+        ("per_token_t [4096, 7168] fp32", "transpose_column", lambda r: _input(r, (4096, 7168), np.float32), {},
+         None),
     ]
     if extra:
         cases += [
@@ -166,8 +185,7 @@ def _cases(extra: bool) -> list:
 def case_bytes_of(kind: str, x) -> int:
     *lead, rows, k = x.shape
     g = lead[0] if lead else 1
-    return g * case_bytes(kind, rows, k, x.itemsize) if kind == "per_token" else \
-        case_bytes(kind, rows, k, x.itemsize)
+    return g * case_bytes(kind, rows, k, x.itemsize)
 
 
 def run(reps: int, warmup: int, extra: bool = False) -> dict:
@@ -180,7 +198,7 @@ def run(reps: int, warmup: int, extra: bool = False) -> dict:
     results = []
     for label, kind, build, kwargs, base in _cases(extra):
         x = build(rng)
-        fn = quant.per_token_cast_to_fp8 if kind == "per_token" else quant.per_block_cast_to_fp8
+        fn = getattr(quant, FUNCS[kind])
         nbytes = case_bytes_of(kind, x)
         t_mine = time_us(lambda: fn(x, **kwargs), reps=reps, warmup=warmup, flush=flush)
         copy = same_size_copy(nbytes)

@@ -6,6 +6,9 @@
 //     float32 with m_pad = align(m, 4) (padding rows written as 0).
 //   * per_block_cast_kernel: 128x128 tiles of a [g, n, k] weight; payload
 //     [g, n, k] uint8 and scales [g, ceil(n/128), ceil(k/128)] float32.
+//   * cast_transpose_kernel: the same recipes with the payload written
+//     transposed, for the backward pass (per channel along tokens, or per
+//     128x128 tile): see its comment at the end of the file.
 //
 // Numerics (bit-identical to cugemm8/reference/quant.py):
 //   amax  = max |x| over the group / tile (K and N tails zero-padded), NaN
@@ -518,6 +521,179 @@ per_block_cast_kernel(const void* __restrict__ x, uint8_t* __restrict__ out, flo
       }
       quant::store_payload<kVec>(out_base + static_cast<uint64_t>(r) * k, q);
     }
+  }
+}
+
+
+// ---------------------------------------------------------------------------
+// Transposing casts for the backward pass (issue 21)
+// ---------------------------------------------------------------------------
+//
+// cast_transpose_kernel<kIn, kPow2, kPerColumn>: one CTA (256 threads) per
+// 128 x 128 tile of x [g, R, C], the payload written transposed, out
+// [g, C, r_pad] (r_pad = R rounded up to 16; bytes [R, r_pad) of each row are
+// written as zeros), so that the reduction dimension R becomes contiguous:
+//   * kPerColumn (the wgrad operands, x = activations or output gradients
+//     [tokens, channels]): one scale per channel and 128 tokens, i.e. 1x128
+//     along R; scales sf [g, C, ceil(R/128)]: bit-identical to
+//     per_token_cast_kernel applied to x^T (cugemm8/reference/training.py
+//     per_token_cast_to_fp8_t);
+//   * !kPerColumn (weights [n, k] for dgrad): one scale per 128x128 tile,
+//     scales sf [g, ceil(C/128), ceil(R/128)], the transposed block scales
+//     (cast_transpose_block_fp8: per_block_cast_kernel, then transposes).
+// Same recipe and rounding as the casts above (file header).
+//
+// Work split: each thread loads four consecutive rows x kVec columns per pass
+// (kVecsPerRow threads cover one row quad's 128 columns, 256 B of 16-bit
+// input per warp row), so after the cast it holds, for each of its columns,
+// the four bytes of four consecutive rows: one 32-bit word of the transposed
+// tile, stored into shared memory [128 columns][132-byte pitch] (4-way bank
+// conflicts on these stores, a few hundred cycles per tile).  The transposed
+// tile then leaves with 16-byte stores (conflict-free 4-byte shared-memory
+// reads with the 33-word pitch).
+template <InDtype kIn, bool kPow2, bool kPerColumn>
+__global__ void __launch_bounds__(quant::kThreads, 1)
+cast_transpose_kernel(const void* __restrict__ x, uint8_t* __restrict__ out, float* __restrict__ sf,
+                      uint32_t rows, uint32_t cols, uint32_t r_pad, uint32_t r_blocks, uint32_t c_blocks,
+                      int64_t x_batch_stride, int64_t x_row_stride, float min_amax) {
+  using Traits = quant::InTraits<kIn>;
+  constexpr uint32_t kVec = Traits::kVec;
+  constexpr uint32_t kVecsPerRow = quant::kGroup / kVec;          // threads per row quad
+  constexpr uint32_t kQuadsPerPass = quant::kThreads / kVecsPerRow;
+  constexpr uint32_t kPasses = quant::kGroup / (4 * kQuadsPerPass);
+  constexpr uint32_t kPitchWords = quant::kGroup / 4 + 1;          // 33: conflict-free reads
+  constexpr uint32_t kWarps = quant::kThreads / 32;
+  static_assert(kPasses * 4 * kQuadsPerPass == quant::kGroup, "whole passes");
+
+  __shared__ uint32_t smem_t[quant::kGroup * kPitchWords];        // transposed tile, 16.5 KB
+  __shared__ uint32_t smem_amax[kQuadsPerPass * quant::kGroup];   // per-column partial maxima
+  griddep_wait();               // as in per_token_cast_kernel
+  griddep_launch_dependents();
+
+  const uint32_t tile = blockIdx.x;
+  const uint32_t cb = tile % c_blocks;
+  const uint32_t rb = (tile / c_blocks) % r_blocks;
+  const uint32_t b = tile / c_blocks / r_blocks;
+  const uint32_t c_local = (threadIdx.x % kVecsPerRow) * kVec;
+  const uint32_t quad = threadIdx.x / kVecsPerRow;
+  const uint32_t col = cb * quant::kGroup + c_local;
+  // The input is padded to whole 16-byte loads (host); `cols` is the true
+  // count, so a load may straddle it and read the padding's zeros.
+  const bool col_valid = col < cols;
+  const uint8_t* x_base = static_cast<const uint8_t*>(x) +
+      (static_cast<int64_t>(b) * x_batch_stride + static_cast<int64_t>(col)) *
+          static_cast<int64_t>(Traits::kBytes);
+  const int64_t x_row_bytes = x_row_stride * static_cast<int64_t>(Traits::kBytes);
+
+  // Load: row of (pass p, row i of the quad) = rb * 128 + 4 * (quad + p * kQuadsPerPass) + i.
+  uint32_t raw[kPasses][4][4];
+#pragma unroll
+  for (uint32_t p = 0; p < kPasses; ++p) {
+#pragma unroll
+    for (uint32_t i = 0; i < 4; ++i) {
+      const uint32_t r = rb * quant::kGroup + 4 * (quad + p * kQuadsPerPass) + i;
+      if (col_valid && r < rows) {
+        quant::ld_global_nc_v4(raw[p][i], x_base + static_cast<int64_t>(r) * x_row_bytes);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) raw[p][i][j] = 0;
+      }
+    }
+  }
+
+  // amax: per column (kPerColumn) or per tile, as |x| bits of kIn.
+  uint32_t amax[kVec];
+#pragma unroll
+  for (uint32_t j = 0; j < kVec; ++j) {
+    uint32_t a = 0;
+#pragma unroll
+    for (uint32_t p = 0; p < kPasses; ++p)
+#pragma unroll
+      for (uint32_t i = 0; i < 4; ++i) {
+        const uint32_t bits = quant::element_f32_bits<kIn>(raw[p][i], j) & 0x7fffffffu;
+        a = max(a, bits);
+      }
+    amax[j] = a;          // float32 |x| bits (exact for every input type)
+  }
+  if constexpr (kPerColumn) {
+#pragma unroll
+    for (uint32_t j = 0; j < kVec; ++j) smem_amax[quad * quant::kGroup + c_local + j] = amax[j];
+    __syncthreads();
+#pragma unroll
+    for (uint32_t j = 0; j < kVec; ++j) {
+      uint32_t a = 0;
+#pragma unroll
+      for (uint32_t q = 0; q < kQuadsPerPass; ++q) a = max(a, smem_amax[q * quant::kGroup + c_local + j]);
+      amax[j] = a;
+    }
+  } else {
+    uint32_t a = 0;
+#pragma unroll
+    for (uint32_t j = 0; j < kVec; ++j) a = max(a, amax[j]);
+#pragma unroll
+    for (uint32_t off = 16; off > 0; off /= 2) a = max(a, __shfl_xor_sync(0xffffffffu, a, off));
+    if (threadIdx.x % 32 == 0) smem_amax[threadIdx.x / 32] = a;
+    __syncthreads();
+#pragma unroll
+    for (uint32_t w = 0; w < kWarps; ++w) a = max(a, smem_amax[w]);
+#pragma unroll
+    for (uint32_t j = 0; j < kVec; ++j) amax[j] = a;
+  }
+
+  // Per column j: its scale (and reciprocal), written once; then the cast,
+  // four rows of one column making one word of the transposed tile.  One
+  // column's scale at a time keeps the register count down (the whole tile
+  // lives in registers until its amax is known; at 128 registers, for two
+  // CTAs per SM, ptxas spilled 24-220 bytes, so one CTA per SM for now).
+  // Rows past `rows` (zero-filled above) stay zero bytes whatever the scale.
+  if constexpr (!kPerColumn) {
+    if (threadIdx.x == 0)
+      quant::st_global_f32(sf + (static_cast<uint64_t>(b) * c_blocks + cb) * r_blocks + rb,
+                           quant::amax_to_scale<kPow2>(amax[0], min_amax));
+  }
+#pragma unroll
+  for (uint32_t j = 0; j < kVec; ++j) {
+    const float scale = quant::amax_to_scale<kPow2>(amax[j], min_amax);
+    const bool finite = __float_as_uint(scale) < 0x7f800000u;
+    const bool scale_nan = __float_as_uint(scale) > 0x7f800000u;
+    const double recip = finite ? quant::scaled_reciprocal(scale) : 0.0;
+    if constexpr (kPerColumn) {
+      if (quad == 0 && col + j < cols)
+        quant::st_global_f32(sf + (static_cast<uint64_t>(b) * cols + col + j) * r_blocks + rb, scale);
+    }
+#pragma unroll
+    for (uint32_t p = 0; p < kPasses; ++p) {
+      const uint32_t word_row = quad + p * kQuadsPerPass;        // rows 4 word_row .. +3 of the tile
+      const uint32_t r4 = rb * quant::kGroup + 4 * word_row;
+      const uint32_t row_bytes = r4 + 4 <= rows ? 0xffffffffu
+                                 : (r4 >= rows ? 0u : (0xffffffffu >> (8 * (r4 + 4 - rows))));
+      float q[4];
+      uint32_t nonfinite_bytes = 0;
+#pragma unroll
+      for (uint32_t i = 0; i < 4; ++i) {
+        const uint32_t bits = quant::element_f32_bits<kIn>(raw[p][i], j);
+        q[i] = quant::cvt_rn_f32_f64(quant::mul_rn_f64(quant::embed_f32_scaled(bits), recip));
+        const uint32_t byte = (scale_nan || (bits & 0x7fffffffu) >= 0x7f800000u) ? 0x7fu : (bits >> 31) << 7;
+        nonfinite_bytes |= byte << (8 * i);
+      }
+      const uint32_t word = finite ? (quant::cvt_e4m3x2(q[0], q[1]) | (quant::cvt_e4m3x2(q[2], q[3]) << 16))
+                                   : nonfinite_bytes;
+      smem_t[(c_local + j) * kPitchWords + word_row] = word & row_bytes;
+    }
+  }
+  __syncthreads();
+
+  // Store the transposed tile: 128 rows (columns of x) of 128 bytes, in
+  // 16-byte pieces; piece `e` is row e / 8, bytes 16 (e % 8) ...
+  uint8_t* out_tile = out + (static_cast<uint64_t>(b) * cols + cb * quant::kGroup) * r_pad + rb * quant::kGroup;
+#pragma unroll
+  for (uint32_t e = threadIdx.x; e < quant::kGroup * 8; e += quant::kThreads) {
+    const uint32_t c = e / 8, piece = e % 8;
+    if (cb * quant::kGroup + c >= cols || rb * quant::kGroup + piece * 16 >= r_pad) continue;
+    const uint32_t* src = smem_t + c * kPitchWords + piece * 4;
+    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};"
+                 ::"l"(out_tile + static_cast<uint64_t>(c) * r_pad + piece * 16),
+                   "r"(src[0]), "r"(src[1]), "r"(src[2]), "r"(src[3]) : "memory");
   }
 }
 

@@ -62,19 +62,28 @@ __all__ = ["per_token_cast_to_fp8", "per_block_cast_to_fp8", "gemm_fp8", "gemm_f
 def kernel_name(kind: str, dtype_name: str, pow2_scale: bool) -> str:
     """Fully qualified name expression of one quantisation kernel.
 
-    ``kind`` is ``"per_token"`` or ``"per_block"``; ``dtype_name`` one of
+    ``kind`` is ``"per_token"``, ``"per_block"``, ``"transpose_column"``
+    (:func:`per_token_cast_to_fp8_t`) or ``"transpose_block"``
+    (:func:`cast_transpose_block_fp8`); ``dtype_name`` one of
     ``"float32"``, ``"float16"``, ``"bfloat16"``.
     """
-    if kind not in ("per_token", "per_block"):
-        raise ValueError(f"kind must be 'per_token' or 'per_block', got {kind!r}")
-    return (f"cugemm8::{kind}_cast_kernel<cugemm8::InDtype::{_IN_DTYPES[dtype_name]}, "
-            f"{'true' if pow2_scale else 'false'}>")
+    if kind not in _KINDS:
+        raise ValueError(f"kind must be one of {', '.join(map(repr, _KINDS))}, got {kind!r}")
+    pow2 = 'true' if pow2_scale else 'false'
+    dt = f"cugemm8::InDtype::{_IN_DTYPES[dtype_name]}"
+    if kind.startswith("transpose_"):
+        per_column = 'true' if kind == "transpose_column" else 'false'
+        return f"cugemm8::cast_transpose_kernel<{dt}, {pow2}, {per_column}>"
+    return f"cugemm8::{kind}_cast_kernel<{dt}, {pow2}>"
+
+
+#: kernel kinds: the forward casts and the transposing casts of the backward pass
+_KINDS = ("per_token", "per_block", "transpose_column", "transpose_block")
 
 
 def all_kernel_names() -> list:
     """Every instantiation the public functions can launch (for compile checks)."""
-    return [kernel_name(kind, dt, p) for kind in ("per_token", "per_block")
-            for dt in _IN_DTYPES for p in (False, True)]
+    return [kernel_name(kind, dt, p) for kind in _KINDS for dt in _IN_DTYPES for p in (False, True)]
 
 
 # ----------------------------------------------------------------------------
@@ -358,6 +367,114 @@ def per_block_cast_to_fp8(w: cupy.ndarray, *, min_amax: float = _DEFAULT_MIN_AMA
     if g and n and k:
         _launch_per_block(w, b, sfb, min_amax_f32, bool(pow2_scale), cupy)
     return (b[0], sfb[0]) if squeeze else (b, sfb)
+
+
+def _cast_transposed(name: str, x, min_amax, pow2_scale, per_column: bool):
+    """The two transposing casts (see :func:`per_token_cast_to_fp8_t` and
+    :func:`cast_transpose_block_fp8`)."""
+    cupy = _device.import_cupy()
+    _check_input(name, x, cupy)
+    min_amax_f32 = check_quant_options(min_amax, pow2_scale)
+    squeeze = x.ndim == 2
+    *lead, rows, cols = x.shape
+    g = lead[0] if lead else 1
+    xk = _in_place_or_copy(_pad_k(name, x, cupy), cupy)   # whole 16-byte loads; cols stays the true count
+    r_pad = padded_k(rows)
+    rb, cb = -(-rows // _GROUP), -(-cols // _GROUP)
+    out = cupy.empty((g, cols, r_pad), dtype=np.uint8)
+    sf = cupy.empty((g, cols, rb) if per_column else (g, cb, rb), dtype=np.float32)
+    if g * rb * cb > _INT32_MAX:
+        raise ValueError(f"{name} shape {x.shape} has {g * rb * cb} 128x128 tiles; at most 2^31 - 1")
+    if g and rows and cols:
+        _launch_cast_transpose(xk, out, sf, rows, cols, min_amax_f32, bool(pow2_scale), per_column)
+    return (out[0], sf[0]) if squeeze else (out, sf)
+
+
+def _launch_cast_transpose(xk, out, sf, rows: int, cols: int, min_amax_f32, pow2_scale: bool,
+                           per_column: bool) -> None:
+    """Launch the transposing cast: ``xk`` validated, readable in place, its
+    last dimension padded to whole 16-byte loads (``cols`` the true column
+    count); ``out`` uint8 ``[g, cols, ceil(rows/16)*16]`` and ``sf`` float32
+    ``[g, cols, ceil(rows/128)]`` (per column) or ``[g, ceil(cols/128),
+    ceil(rows/128)]``, both C-contiguous."""
+    rb, cb = -(-rows // _GROUP), -(-cols // _GROUP)
+    g = xk.shape[0] if xk.ndim == 3 else 1
+    x3, batch_stride, row_stride = _kernel_operand(xk)
+    kind = "transpose_column" if per_column else "transpose_block"
+    kern = _jit.get_kernel(_HEADER, kernel_name(kind, xk.dtype.name, pow2_scale))
+    args = (x3, out, sf, np.uint32(rows), np.uint32(cols), np.uint32(padded_k(rows)), np.uint32(rb),
+            np.uint32(cb), np.int64(batch_stride), np.int64(row_stride), min_amax_f32)
+    _launch.Launcher(kern, (g * rb * cb,), (_THREADS,), args)()
+
+
+def per_token_cast_to_fp8_t(x: cupy.ndarray, *, min_amax: float = _DEFAULT_MIN_AMAX, pow2_scale: bool = False
+                            ) -> tuple[cupy.ndarray, cupy.ndarray]:
+    """Quantise ``x [m, k]`` 1x128 along the token dimension m, written transposed.
+
+    The wgrad operands of a linear layer (DeepSeek-V3 technical report,
+    section 3.3: the backward GEMM ``dw = dy^T x`` reduces over tokens, so
+    both operands are quantised in 128-token groups per channel): for each
+    channel ``c`` and each group of 128 tokens (the token tail zero-padded),
+    the recipe of :func:`per_token_cast_to_fp8`.  Bit-identical to
+    :func:`cugemm8.reference.per_token_cast_to_fp8_t` (which is
+    ``per_token_cast_to_fp8(x.T)``), in one pass over ``x``: each 128x128
+    tile is read once and leaves transposed.
+
+    Requirements:
+        As :func:`per_token_cast_to_fp8` (float32 / float16 / bfloat16 CuPy
+        array ``[m, k]`` or ``[g, m, k]`` on the current device; views read
+        in place when their last dimension is contiguous and their base and
+        other strides are multiples of 16 bytes, otherwise copied; a ``k``
+        that is not a multiple of 16 zero-padded in a temporary; no
+        temporary under CUDA-graph capture).
+
+    Arguments:
+        x: tokens x channels, ``[m, k]`` or ``[g, m, k]``.
+        min_amax, pow2_scale: as :func:`per_token_cast_to_fp8`.
+
+    Returns:
+        ``(a_t, sf)``: ``a_t`` uint8 ``[..., k, m_pad]`` e4m3fn bits,
+        C-contiguous, ``m_pad = ceil(m/16)*16`` (16-byte rows for TMA; bytes
+        ``[m, m_pad)`` of each row are zero); ``sf`` float32
+        ``[..., k, ceil(m/128)]``, C-contiguous (``sf[c, mb]`` scales
+        tokens ``128 mb ... 128 mb + 127`` of channel ``c``).  Empty inputs
+        return empty arrays without a launch.
+
+    Raises:
+        As :func:`per_token_cast_to_fp8`.
+    """
+    return _cast_transposed("x", x, min_amax, pow2_scale, per_column=True)
+
+
+def cast_transpose_block_fp8(w: cupy.ndarray, *, min_amax: float = _DEFAULT_MIN_AMAX, pow2_scale: bool = False
+                             ) -> tuple[cupy.ndarray, cupy.ndarray]:
+    """Quantise weights ``w [n, k]`` 128x128 and write them transposed, ``[k, n]``.
+
+    The dgrad operand ``W^T`` of a linear layer (``dx = dy W`` is a 1D2D
+    GEMM whose K dimension is n; DeepSeek-V3 technical report section 3.3):
+    bit-identical to :func:`per_block_cast_to_fp8` followed by transposing
+    its payload and its block scales (the 128x128 tiles map onto each other),
+    i.e. to :func:`cugemm8.reference.cast_transpose_block_fp8`, in one pass.
+
+    Requirements:
+        As :func:`per_block_cast_to_fp8`.
+
+    Arguments:
+        w: weights ``[n, k]`` or ``[g, n, k]``.
+        min_amax, pow2_scale: as :func:`per_token_cast_to_fp8`.
+
+    Returns:
+        ``(b_t, sf_t)``: ``b_t`` uint8 ``[..., k, n_pad]`` e4m3fn bits,
+        C-contiguous, ``n_pad = ceil(n/16)*16`` (bytes ``[n, n_pad)`` of each
+        row zero); ``sf_t`` float32 ``[..., ceil(k/128), ceil(n/128)]``,
+        C-contiguous: ``sf_t[j, i]`` is the scale of tile (rows ``128 i``,
+        columns ``128 j``) of ``w``.  Empty inputs return empty arrays
+        without a launch.
+
+    Raises:
+        As :func:`per_token_cast_to_fp8`.
+    """
+    return _cast_transposed("w", w, min_amax, pow2_scale, per_column=False)
 
 
 def gemm_fp8(a: cupy.ndarray | tuple[cupy.ndarray, cupy.ndarray],

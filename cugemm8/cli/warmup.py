@@ -63,11 +63,12 @@ def plan_warmup(shapes: list[Shape], num_sms: int) -> tuple[list[WarmupJob], lis
 
 
 def quant_jobs() -> list[WarmupJob]:
-    """The quantiser kernels (every input dtype, with and without pow2 scales)."""
+    """The quantiser kernels (forward and transposing casts, every input
+    dtype, with and without pow2 scales)."""
     from .. import quant
     return [WarmupJob(quant.kernel_name(kind, dtype, pow2), f"quant {kind} {dtype}{' pow2' if pow2 else ''}",
                       0, ["quantiser"], header=quant._HEADER)
-            for kind in ("per_token", "per_block") for dtype in ("float32", "float16", "bfloat16")
+            for kind in quant._KINDS for dtype in ("float32", "float16", "bfloat16")
             for pow2 in (False, True)]
 
 

@@ -4,6 +4,7 @@ when importable, plain text otherwise) and small formatting helpers."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 
@@ -50,14 +51,31 @@ def _numeric(cell) -> bool:
     return True
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
+def _int_at_least(minimum: int):
+    """argparse type: an integer >= ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+    return parse
+
+
+_positive_int = _int_at_least(1)
+_nonnegative_int = _int_at_least(0)
+
+
+def _positive_seconds(text: str) -> float:
+    """argparse type: a finite number of seconds > 0."""
     try:
-        value = int(text)
+        value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
     return value
 
 

@@ -25,7 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .._shapes import KINDS, Shape, load_shapes
-from ._common import _one_line, _positive_int, _progress, gpu_reason, nvrtc_reason, print_table
+from ._common import (_nonnegative_int, _one_line, _positive_int, _positive_seconds, _progress, gpu_reason,
+                      nvrtc_reason, print_table)
 
 CHECK_LIMIT = 1e-3
 
@@ -248,29 +249,6 @@ def cmd_tune(args) -> int:
     return 0
 
 
-def _budget(text: str) -> float:
-    import argparse
-    import math
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not (math.isfinite(v) and v > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return v
-
-
-def _count(text: str) -> int:
-    import argparse
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
-
-
 def register(sub) -> None:
     p = sub.add_parser("tune", help="time candidate kernel configurations on this GPU and record the fastest",
                        description="Time the heuristic's configuration and a pruned set of legal "
@@ -283,13 +261,13 @@ def register(sub) -> None:
                    help="shapes file (see `cugemm8 warmup --help`) or a preset: @normal (18 shapes), "
                         "@decode (48), @grouped, @check, @check-quick")
     p.add_argument("--kinds", default="", help="comma-separated kinds to tune (default: all in the file)")
-    p.add_argument("--budget-s", type=_budget, default=300.0,
+    p.add_argument("--budget-s", type=_positive_seconds, default=300.0,
                    help="soft time limit of the run (default 300 s): compiling is never cut short, and "
                         "every shape gets at least one timing round")
     p.add_argument("--num-sms", type=_positive_int, default=None,
                    help="tune for this SM budget (cugemm8.set_num_sms; default: the device's)")
     p.add_argument("--top", type=_positive_int, default=6, help="the cost model's top configs per shape (6)")
-    p.add_argument("--split-k", type=_count, default=4, help="split-K candidates per shape (4)")
+    p.add_argument("--split-k", type=_nonnegative_int, default=4, help="split-K candidates per shape (4)")
     p.add_argument("--rounds", type=_positive_int, default=4, help="interleaved timing rounds (4)")
     p.add_argument("--reps", type=_positive_int, default=5, help="repetitions per candidate per round (5)")
     p.add_argument("--jobs", type=_positive_int, default=min(16, os.cpu_count() or 1),

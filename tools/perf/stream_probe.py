@@ -68,49 +68,72 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
       : "memory");
 }
 
-extern "C" __global__ void empty_kernel(int* out) {
-  extern __shared__ __align__(1024) uint8_t smem[];
-  if (threadIdx.x == 1023) out[0] = smem[0];
+// The consumer side of every ring below: wait for each stage, read one word
+// (so the data is used), free the stage.  `stages_total` = how many stage
+// fills this CTA's producer issues.
+template <int S>
+__device__ __forceinline__ void consume_ring(const uint8_t* ring, uint32_t stage_bytes, uint64_t* full,
+                                             uint64_t* empty, long long stages_total, int* out) {
+  const int lane = threadIdx.x % 32;
+  uint32_t acc = 0;
+  for (long long it = 0; it < stages_total; ++it) {
+    const int s = static_cast<int>(it % S), round = static_cast<int>(it / S);
+    mbarrier_wait(&full[s], round & 1);
+    acc ^= ring[s * stage_bytes + lane * 4];
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(&empty[s]);
+  }
+  if (acc == 0x7fffffff) out[0] = acc;
 }
 
-// R-row x 128-byte boxes of R-row tiles along K, S-stage ring.
-template <int R, int S>
+// Work items i = blockIdx.x, blockIdx.x + gridDim.x, ... below `count`.
+__device__ __forceinline__ long long items_of_cta(long long count) {
+  return count > blockIdx.x ? (count - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+}
+
+extern "C" __global__ void empty_kernel(int* out) {
+  extern __shared__ __align__(1024) uint8_t empty_smem[];
+  if (threadIdx.x == 1023) out[0] = empty_smem[0];
+}
+
+// R-row x 128-byte boxes of R-row tiles along K, S-stage ring; kEvictFirst:
+// each box with an L2 evict-first cache hint (createpolicy, PTX ISA).
+template <int R, int S, bool kEvictFirst>
 __global__ void __launch_bounds__(64) tma_feed(const __grid_constant__ TmaDescriptor tmap,
                                                int n, int k, int* out) {
   extern __shared__ __align__(1024) uint8_t smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + S * R * 128);
   uint64_t* empty = full + S;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) { mbarrier_init(&full[s], 1); mbarrier_init(&empty[s], 1); }
     fence_barrier_init();
   }
   __syncthreads();
   const int tiles = n / R, kblocks = k / 128;
-  if (warp == 0) {
-    if (lane == 0) {
+  if (threadIdx.x / 32 == 0) {
+    if (threadIdx.x == 0) {
       tma_prefetch_descriptor(&tmap);
+      uint64_t policy = 0;
+      if (kEvictFirst) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
       int it = 0;
       for (int t = blockIdx.x; t < tiles; t += gridDim.x)
         for (int kb = 0; kb < kblocks; ++kb, ++it) {
           const int s = it % S, round = it / S;
           if (round > 0) mbarrier_wait(&empty[s], (round - 1) & 1);
           mbarrier_arrive_expect_tx(&full[s], R * 128);
-          tma_load_2d(smem + s * R * 128, &tmap, &full[s], kb * 128, t * R);
+          if (kEvictFirst) {
+            asm volatile(
+                "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+                " [%0], [%1, {%3, %4}], [%2], %5;"
+                ::"r"(smem_addr(smem + s * R * 128)), "l"(reinterpret_cast<uint64_t>(&tmap)),
+                  "r"(smem_addr(&full[s])), "r"(kb * 128), "r"(t * R), "l"(policy) : "memory");
+          } else {
+            tma_load_2d(smem + s * R * 128, &tmap, &full[s], kb * 128, t * R);
+          }
         }
     }
   } else {
-    uint32_t acc = 0;
-    int it = 0;
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x)
-      for (int kb = 0; kb < kblocks; ++kb, ++it) {
-        const int s = it % S, round = it / S;
-        mbarrier_wait(&full[s], round & 1);
-        acc ^= smem[s * R * 128 + lane * 4];
-        __syncwarp();
-        if (lane == 0) mbarrier_arrive(&empty[s]);
-      }
-    if (acc == 0x7fffffff) out[0] = acc;
+    consume_ring<S>(smem, R * 128, full, empty, items_of_cta(tiles) * kblocks, out);
   }
 }
 
@@ -120,7 +143,7 @@ __global__ void __launch_bounds__(64) bulk_feed(const uint8_t* src, long long by
   extern __shared__ __align__(1024) uint8_t smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + S * C);
   uint64_t* empty = full + S;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) { mbarrier_init(&full[s], 1); mbarrier_init(&empty[s], 1); }
     fence_barrier_init();
@@ -128,7 +151,7 @@ __global__ void __launch_bounds__(64) bulk_feed(const uint8_t* src, long long by
   __syncthreads();
   const long long chunks = bytes / C;
   if (warp == 0) {
-    if (lane == 0) {
+    if (threadIdx.x == 0) {
       int it = 0;
       for (long long c = blockIdx.x; c < chunks; c += gridDim.x, ++it) {
         const int s = it % S, round = it / S;
@@ -138,16 +161,7 @@ __global__ void __launch_bounds__(64) bulk_feed(const uint8_t* src, long long by
       }
     }
   } else {
-    uint32_t acc = 0;
-    int it = 0;
-    for (long long c = blockIdx.x; c < chunks; c += gridDim.x, ++it) {
-      const int s = it % S, round = it / S;
-      mbarrier_wait(&full[s], round & 1);
-      acc ^= smem[s * C + lane * 4];
-      __syncwarp();
-      if (lane == 0) mbarrier_arrive(&empty[s]);
-    }
-    if (acc == 0x7fffffff) out[0] = acc;
+    consume_ring<S>(smem, C, full, empty, items_of_cta(chunks), out);
   }
 }
 
@@ -207,7 +221,7 @@ __global__ void __launch_bounds__(32 * (W + 1)) cpasync_feed(const uint8_t* src,
   extern __shared__ __align__(1024) uint8_t smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + S * R * 128);
   uint64_t* empty = full + S;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) { mbarrier_init(&full[s], 32 * W); mbarrier_init(&empty[s], 1); }
     fence_barrier_init();
@@ -231,65 +245,10 @@ __global__ void __launch_bounds__(32 * (W + 1)) cpasync_feed(const uint8_t* src,
         asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(&full[s])) : "memory");
       }
   } else {
-    uint32_t acc = 0;
-    int it = 0;
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x)
-      for (int kb = 0; kb < kblocks; ++kb, ++it) {
-        const int s = it % S, round = it / S;
-        mbarrier_wait(&full[s], round & 1);
-        acc ^= smem[s * R * 128 + lane * 4];
-        __syncwarp();
-        if (lane == 0) mbarrier_arrive(&empty[s]);
-      }
-    if (acc == 0x7fffffff) out[0] = acc;
+    consume_ring<S>(smem, R * 128, full, empty, items_of_cta(tiles) * kblocks, out);
   }
 }
 
-// TMA feed as tma_feed, each box with an L2 evict-first cache hint.
-template <int R, int S>
-__global__ void __launch_bounds__(64) tma_feed_ef(const __grid_constant__ TmaDescriptor tmap,
-                                                  int n, int k, int* out) {
-  extern __shared__ __align__(1024) uint8_t smem[];
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S * R * 128);
-  uint64_t* empty = full + S;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < S; ++s) { mbarrier_init(&full[s], 1); mbarrier_init(&empty[s], 1); }
-    fence_barrier_init();
-  }
-  __syncthreads();
-  const int tiles = n / R, kblocks = k / 128;
-  if (warp == 0) {
-    if (lane == 0) {
-      uint64_t policy;
-      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-      int it = 0;
-      for (int t = blockIdx.x; t < tiles; t += gridDim.x)
-        for (int kb = 0; kb < kblocks; ++kb, ++it) {
-          const int s = it % S, round = it / S;
-          if (round > 0) mbarrier_wait(&empty[s], (round - 1) & 1);
-          mbarrier_arrive_expect_tx(&full[s], R * 128);
-          asm volatile(
-              "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-              " [%0], [%1, {%3, %4}], [%2], %5;"
-              ::"r"(smem_addr(smem + s * R * 128)), "l"(reinterpret_cast<uint64_t>(&tmap)),
-                "r"(smem_addr(&full[s])), "r"(kb * 128), "r"(t * R), "l"(policy) : "memory");
-        }
-    }
-  } else {
-    uint32_t acc = 0;
-    int it = 0;
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x)
-      for (int kb = 0; kb < kblocks; ++kb, ++it) {
-        const int s = it % S, round = it / S;
-        mbarrier_wait(&full[s], round & 1);
-        acc ^= smem[s * R * 128 + lane * 4];
-        __syncwarp();
-        if (lane == 0) mbarrier_arrive(&empty[s]);
-      }
-    if (acc == 0x7fffffff) out[0] = acc;
-  }
-}
 """
 
 TMA = [(32, 16), (64, 12), (96, 8), (128, 6), (192, 4), (32, 32), (64, 24)]
@@ -303,12 +262,12 @@ TMA_EF = [(32, 16), (64, 12)]
 
 def build():
     names = ["empty_kernel"]
-    names += [f"tma_feed<{r},{s}>" for r, s in TMA + TMA_X2]
+    names += [f"tma_feed<{r},{s},false>" for r, s in TMA + TMA_X2]
     names += [f"bulk_feed<{c},{s}>" for c, s in BULK]
     names += [f"ldg_linear<{u}>" for u in LDG]
     names += [f"ldg_tile<{r},{u}>" for r, u in LDG_TILE]
     names += [f"cpasync_feed<{r},{s},{w}>" for r, s, w in CPASYNC]
-    names += [f"tma_feed_ef<{r},{s}>" for r, s in TMA_EF]
+    names += [f"tma_feed<{r},{s},true>" for r, s in TMA_EF]
     opts = ("-std=c++17", "-arch=sm_90a", f"-I{_ROOT / 'cuda_src'}")
     mod = cp.RawModule(code=SRC, options=opts, name_expressions=names)
     return {nm: mod.get_function(nm) for nm in names}
@@ -345,7 +304,7 @@ def main() -> int:
         for (r, s), per_sm in [(x, 1) for x in TMA] + [(x, 2) for x in TMA_X2]:
             if n % r:
                 continue
-            fn = fns[f"tma_feed<{r},{s}>"]
+            fn = fns[f"tma_feed<{r},{s},false>"]
             smem = s * r * 128 + 16 * s + 1024
             smem_attr(fn, smem)
             desc = _tma.make_descriptor("u8", b.data.ptr, [k, n], [k], [128, r], swizzle=128)
@@ -382,7 +341,7 @@ def main() -> int:
         for r, s in TMA_EF:
             if n % r:
                 continue
-            fn = fns[f"tma_feed_ef<{r},{s}>"]
+            fn = fns[f"tma_feed<{r},{s},true>"]
             smem = s * r * 128 + 16 * s + 1024
             smem_attr(fn, smem)
             desc = _tma.make_descriptor("u8", b.data.ptr, [k, n], [k], [128, r], swizzle=128)

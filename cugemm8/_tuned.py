@@ -259,11 +259,20 @@ def lookup(kind: str, m: int, n: int, k: int, num_groups: int, env: dict) -> _co
 # Writing
 # ----------------------------------------------------------------------------
 
+#: seconds a writer waits for another writer's lock before giving up
+LOCK_TIMEOUT_S = 30.0
+#: a writer removes ``<file>.*.tmp`` left by killed writers once this old
+STALE_TMP_S = 3600.0
+
+
 @contextlib.contextmanager
-def _file_lock(path: Path):
+def _file_lock(path: Path, timeout_s: float | None = None):
     """An exclusive advisory lock on ``<path>.lock`` (POSIX ``flock``; where
     ``fcntl`` is missing, no lock: writes stay atomic, concurrent merges may
-    then drop the other writer's entries)."""
+    then drop the other writer's entries).  Raises ``OSError`` naming the
+    lock file after ``timeout_s`` (default :data:`LOCK_TIMEOUT_S`) seconds
+    of another process holding it (a stopped ``cugemm8 tune``, say)."""
+    import time
     lock_path = path.with_name(path.name + ".lock")
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -272,10 +281,31 @@ def _file_lock(path: Path):
         except ImportError:      # pragma: no cover - not POSIX
             fcntl = None
         if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            deadline = time.monotonic() + (LOCK_TIMEOUT_S if timeout_s is None else timeout_s)
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise OSError(f"another process has held {lock_path} for "
+                                      f"{LOCK_TIMEOUT_S if timeout_s is None else timeout_s:.0f} s "
+                                      f"(a stopped cugemm8 tune?); try again") from None
+                    time.sleep(0.05)
         yield
     finally:
         os.close(fd)             # closing releases the flock
+
+
+def _remove_stale_temporaries(path: Path) -> None:
+    """Remove ``<file>.*.tmp`` that killed writers left, once an hour old
+    (called under the lock, so no live writer owns them)."""
+    import time
+    now = time.time()
+    for tmp in path.parent.glob(path.name + ".*.tmp"):
+        with contextlib.suppress(OSError):
+            if now - tmp.stat().st_mtime > STALE_TMP_S:
+                tmp.unlink()
 
 
 def entry_for(kind: str, m: int, n: int, k: int, num_groups: int, env: dict, cfg: _config.GemmConfig,
@@ -312,6 +342,7 @@ def write_entries(new: list[dict], path: Path | None = None) -> Path:
     path = Path(os.path.realpath(path))          # a symlinked file is updated where it lives
     path.parent.mkdir(parents=True, exist_ok=True)
     with _file_lock(path):
+        _remove_stale_temporaries(path)
         old, problems = read_file(path)
         file_level = [p for p in problems if not p.startswith("entry ")]
         if file_level and path.exists():

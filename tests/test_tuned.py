@@ -241,6 +241,42 @@ def test_absurd_nesting_and_unhashable_env_values_never_raise(tuned_file):
         _tuned.reload()
 
 
+def _hold_lock(path: str, seconds: float) -> None:
+    with _tuned._file_lock(Path(path)):
+        import time
+        time.sleep(seconds)
+
+
+def test_a_held_lock_times_out_with_a_message(tmp_path):
+    path = tmp_path / "t.json"
+    ctx = multiprocessing.get_context("spawn")
+    holder = ctx.Process(target=_hold_lock, args=(str(path), 8.0))
+    holder.start()
+    try:
+        import time
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "t.json.lock").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(2.0)                       # the holder has the lock by now
+        with pytest.raises(OSError, match="has held .*t.json.lock"):
+            with _tuned._file_lock(path, timeout_s=0.5):
+                pass
+    finally:
+        holder.join(30)
+    with _tuned._file_lock(path, timeout_s=0.5):      # free again
+        pass
+
+
+def test_stale_temporaries_of_killed_writers_are_removed(tmp_path):
+    p = tmp_path / "t.json"
+    old_tmp, new_tmp = tmp_path / "t.json.abc.tmp", tmp_path / "t.json.def.tmp"
+    old_tmp.write_text("{")
+    new_tmp.write_text("{")
+    os.utime(old_tmp, (0, 0))
+    _tuned.write_entries([_entry()], p)
+    assert not old_tmp.exists() and new_tmp.exists()
+
+
 def test_a_relative_xdg_cache_home_is_ignored(monkeypatch):
     monkeypatch.delenv(_tuned.ENV_VAR, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")

@@ -429,7 +429,7 @@ def main(argv=None) -> int:
     reason = cli.gpu_reason()
     if reason is not None:
         print(f"no usable Hopper GPU ({reason}): nothing to time")
-        return 0
+        return 2                      # as bench_decode.py and `cugemm8 check` without a GPU
     import cupy as cp
     import cugemm8
     ms = [int(v) for v in args.ms.split(",") if v]

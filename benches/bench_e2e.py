@@ -43,7 +43,7 @@ and of h for GEMM2); a failing path is reported, not timed.  The summary
 gives the geomean of 2L/fused and dg/fused over the rows, the minimum and its
 shape, and how many rows meet each target.  ``--quick``: M in {1, 64}, two
 (N, K), 5 repetitions, one pass (a smoke run).  Without a usable Hopper GPU
-it prints why and exits 0.  This script reports; it never asserts.
+it prints why and exits 2.  This script reports; it never asserts.
 """
 from __future__ import annotations
 

@@ -25,8 +25,11 @@ compare NaN positions, not NaN bits.
 Kernels (``cuda_src/quant.cuh``): one pass over the input, 16-byte loads;
 per token, one warp per run of 128-group chunks of a row with a
 warp-shuffle amax; per block, one 256-thread CTA per 128x128 tile held in
-registers.  Everything runs on CuPy's current stream without host
-synchronisation.
+registers; the backward pass's transposing casts
+(:func:`per_token_cast_to_fp8_t`, :func:`cast_transpose_block_fp8`), one
+256-thread CTA per 128x128 tile held in registers, written transposed
+through shared memory.  Everything runs on CuPy's current stream without
+host synchronisation.
 """
 from __future__ import annotations
 
@@ -51,8 +54,8 @@ _INT32_MAX = 2 ** 31 - 1
 _IN_DTYPES = {"float32": "kFloat32", "float16": "kFloat16", "bfloat16": "kBFloat16"}
 _DEFAULT_MIN_AMAX = 1e-4           # the casts' default min_amax (DeepGEMM's recipe), also gemm_fp8's
 
-__all__ = ["per_token_cast_to_fp8", "per_block_cast_to_fp8", "gemm_fp8", "gemm_fp8_workspace_bytes",
-           "MIN_AMAX_FLOOR"]
+__all__ = ["per_token_cast_to_fp8", "per_block_cast_to_fp8", "per_token_cast_to_fp8_t",
+           "cast_transpose_block_fp8", "gemm_fp8", "gemm_fp8_workspace_bytes", "MIN_AMAX_FLOOR"]
 
 
 # ----------------------------------------------------------------------------
@@ -378,13 +381,13 @@ def _cast_transposed(name: str, x, min_amax, pow2_scale, per_column: bool):
     squeeze = x.ndim == 2
     *lead, rows, cols = x.shape
     g = lead[0] if lead else 1
+    rb, cb = -(-rows // _GROUP), -(-cols // _GROUP)
+    if g * rb * cb > _INT32_MAX:          # before any copy or allocation
+        raise ValueError(f"{name} shape {x.shape} has {g * rb * cb} 128x128 tiles; at most 2^31 - 1")
     xk = _in_place_or_copy(_pad_k(name, x, cupy), cupy)   # whole 16-byte loads; cols stays the true count
     r_pad = padded_k(rows)
-    rb, cb = -(-rows // _GROUP), -(-cols // _GROUP)
     out = cupy.empty((g, cols, r_pad), dtype=np.uint8)
     sf = cupy.empty((g, cols, rb) if per_column else (g, cb, rb), dtype=np.float32)
-    if g * rb * cb > _INT32_MAX:
-        raise ValueError(f"{name} shape {x.shape} has {g * rb * cb} 128x128 tiles; at most 2^31 - 1")
     if g and rows and cols:
         _launch_cast_transpose(xk, out, sf, rows, cols, min_amax_f32, bool(pow2_scale), per_column)
     return (out[0], sf[0]) if squeeze else (out, sf)

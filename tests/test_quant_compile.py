@@ -433,3 +433,55 @@ def test_option_validation():
     for bad in (1, None, "yes"):
         with pytest.raises(TypeError, match="pow2_scale"):
             Q.check_quant_options(1e-4, bad)
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 1), (3, 15), (16, 17), (129, 130), (257, 16), (17, 257), (300, 400)])
+@pytest.mark.parametrize("itemsize", [2, 4])
+@pytest.mark.parametrize("per_column", [True, False])
+def test_cast_transpose_covers_each_element_and_output_once(rows, cols, itemsize, per_column):
+    """cast_transpose_kernel's index math (cuda_src/quant.cuh), replayed:
+    every input element is loaded once, within the 16-byte-padded row; every
+    shared-memory word of the transposed tile is written once before the
+    barrier; every payload byte of [cols, r_pad] (padding included) and
+    every scale is written exactly once, and nothing outside."""
+    threads, group = Q._THREADS, 128
+    vec = 16 // itemsize
+    vecs_per_row = group // vec
+    quads_per_pass = threads // vecs_per_row
+    passes = group // (4 * quads_per_pass)
+    cols_pad, r_pad = Q.padded_k(cols), Q.padded_k(rows)
+    rb, cb = -(-rows // group), -(-cols // group)
+    loads = np.zeros((rows, cols_pad), np.int64)
+    out = np.zeros((cols, r_pad), np.int64)
+    sf = np.zeros((cols, rb) if per_column else (cb, rb), np.int64)
+    t = np.arange(threads)
+    c_local, quad = (t % vecs_per_row) * vec, t // vecs_per_row
+    for r_blk in range(rb):
+        for c_blk in range(cb):
+            col = c_blk * group + c_local
+            smem = np.zeros((group, group // 4), np.int64)          # [column, word row]
+            for p in range(passes):
+                for i in range(4):
+                    r = r_blk * group + 4 * (quad + p * quads_per_pass) + i
+                    ok = (col < cols) & (r < rows)
+                    assert np.all(col[ok] + vec <= cols_pad)      # whole loads inside the padded row
+                    for rr, cc in zip(r[ok], col[ok]):
+                        loads[rr, cc:cc + vec] += 1
+                for j in range(vec):
+                    np.add.at(smem, (c_local + j, quad + p * quads_per_pass), 1)
+            assert np.all(smem == 1)
+            if per_column:
+                for j in range(vec):
+                    sel = (quad == 0) & (col + j < cols)
+                    np.add.at(sf, (col[sel] + j, r_blk), 1)
+            else:
+                sf[c_blk, r_blk] += 1
+            e = np.arange(group * 8)                                 # the store loop's pieces
+            c, piece = e // 8, e % 8
+            keep = (c_blk * group + c < cols) & (r_blk * group + piece * 16 < r_pad)
+            for cc, pc in zip(c[keep], piece[keep]):
+                start = r_blk * group + pc * 16
+                assert start + 16 <= r_pad                                 # inside the row
+                out[c_blk * group + cc, start:start + 16] += 1
+    assert np.all(loads[:, :cols] == 1)
+    assert np.all(out == 1) and np.all(sf == 1)

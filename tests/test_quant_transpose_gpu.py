@@ -132,8 +132,14 @@ def test_non_contiguous_inputs_match_contiguous_copies(dtype_name, per_column):
     cp = _cp()
     rng = np.random.default_rng(7)
     fn = Q.per_token_cast_to_fp8_t if per_column else Q.cast_transpose_block_fp8
-    for name, view in _views(cp, DTYPES[dtype_name], rng):
+    w = cp.asarray(rng.standard_normal((130, 272)).astype(np.float32).astype(DTYPES[dtype_name]))
+    views = _views(cp, DTYPES[dtype_name], rng) + [
+        ("shared weights, batch stride 0", cp.broadcast_to(w, (3, 130, 272))),     # read in place
+        ("batch stride 0 and reversed rows", cp.broadcast_to(w[::-1], (2, 130, 272)))]
+    for name, view in views:
+        before = view.copy()
         got_b, got_s = fn(view)
+        assert cp.array_equal(view, before), f"{name}: the input changed"
         want_b, want_s = fn(cp.ascontiguousarray(view))
         assert cp.array_equal(got_b, want_b), name
         assert cp.array_equal(got_s.view(cp.uint32), want_s.view(cp.uint32)), name

@@ -90,12 +90,7 @@ def main(argv=None) -> int:
     dg = None
     if args.deepgemm:
         import deepgemm_anchor
-        dg_mod, why = deepgemm_anchor.load()
-        if dg_mod is None:
-            print(why)
-        else:
-            print(deepgemm_anchor.prewarm([(m, n, k) for m in ms for n, k in nks]))
-            dg = deepgemm_anchor
+        dg = deepgemm_anchor.open_for([(m, n, k) for m in ms for n, k in nks])
 
     # Compile every kernel first, in parallel (NVRTC releases the GIL).
     jobs = {}

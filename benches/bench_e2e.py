@@ -448,12 +448,7 @@ def main(argv=None) -> int:
     dg = None
     if args.deepgemm:
         import deepgemm_anchor
-        dg_mod, why = deepgemm_anchor.load()
-        if dg_mod is None:
-            print(why)
-        else:
-            print(deepgemm_anchor.prewarm(gemm_shapes))
-            dg = deepgemm_anchor
+        dg = deepgemm_anchor.open_for(gemm_shapes)
     _precompile(cugemm8, gemm_shapes + chain_shapes)
 
     meta = {"cugemm8": cugemm8.__version__, "timer": timer, "reps": args.reps, "passes": args.passes,

@@ -98,6 +98,18 @@ def _warm_worker(shapes):
     return done
 
 
+def open_for(shapes):
+    """This module, with DeepGEMM's kernels prewarmed for every (m, n, k) in
+    ``shapes``, or None when DeepGEMM is not usable; prints the prewarm
+    summary or the reason (the benches' ``--deepgemm`` start-up)."""
+    if load()[0] is None:
+        print(load()[1])
+        return None
+    import sys
+    print(prewarm(shapes))
+    return sys.modules[__name__]
+
+
 def prewarm(shapes, processes: int = 8) -> str:
     """Compile DeepGEMM's kernel for every (m, n, k) in ``shapes`` in
     ``processes`` parallel processes; returns a one-line summary."""

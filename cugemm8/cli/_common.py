@@ -125,3 +125,15 @@ def _progress(total: int, title: str = "cugemm8 check", *, transient: bool = Tru
             prog.console.print(message, markup=False, highlight=False)
         prog.update(task, advance=1, description=f"{title} {label}")
     return advance, prog.stop
+
+
+def load_shapes_or_report(path: str, command: str):
+    """The shapes of a shapes file or preset (:func:`cugemm8._shapes.load_shapes`),
+    or None after printing ``cugemm8 <command>: <why>`` on stderr (the
+    caller exits 2)."""
+    from .._shapes import load_shapes
+    try:
+        return load_shapes(path)
+    except ValueError as exc:
+        print(f"cugemm8 {command}: {exc}", file=sys.stderr)
+        return None

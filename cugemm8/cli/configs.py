@@ -6,18 +6,15 @@ from __future__ import annotations
 
 import sys
 
-from .._shapes import load_shapes
-from ._common import _positive_int
+from ._common import _positive_int, load_shapes_or_report
 
 
 def cmd_configs(args) -> int:
     """``cugemm8 configs``: the heuristic's choices, as a table (no GPU)."""
     from .. import _config
     if args.shapes:
-        try:
-            shapes = load_shapes(args.shapes)
-        except ValueError as exc:
-            print(f"cugemm8 configs: {exc}", file=sys.stderr)
+        shapes = load_shapes_or_report(args.shapes, "configs")
+        if shapes is None:
             return 2
         cases = [(s.kind, s.num_groups, s.m, s.n, s.k) for s in shapes]
     else:

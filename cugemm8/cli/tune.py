@@ -24,9 +24,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .._shapes import KINDS, Shape, load_shapes
+from .._shapes import KINDS, Shape
 from ._common import (_nonnegative_int, _one_line, _positive_int, _positive_seconds, _progress, gpu_reason,
-                      nvrtc_reason, print_table)
+                      load_shapes_or_report, nvrtc_reason, print_table)
 
 CHECK_LIMIT = 1e-3
 
@@ -64,23 +64,11 @@ def _launcher(cfg, s: Shape, ops: dict, sfa, out):
                              ops["masked_m"], s.num_groups)
 
 
-def _key_m(s: Shape, ops: dict) -> int:
-    """The m of the tuned entry: what the op will select with on these operands."""
-    if s.kind == "contiguous":
-        return int(ops["a"].shape[0])
-    if s.kind == "masked":
-        return min(s.m, int(ops["a"].shape[1]))
-    return s.m
-
-
 def cmd_tune(args) -> int:
-    try:
-        shapes = load_shapes(args.shapes)
-    except ValueError as exc:
-        print(f"cugemm8 tune: {exc}", file=sys.stderr)
+    shapes = load_shapes_or_report(args.shapes, "tune")
+    if shapes is None:
         return 2
-    kinds = [k for k in args.kinds.split(",") if k.strip()] if args.kinds else list(KINDS)
-    kinds = [k.strip() for k in kinds] or list(KINDS)
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] or list(KINDS)
     bad = [k for k in kinds if k not in KINDS]
     if bad:
         print(f"cugemm8 tune: unknown kind(s) {', '.join(bad)}; choose from {', '.join(KINDS)}",
@@ -193,7 +181,7 @@ def cmd_tune(args) -> int:
                               deadline=min(deadline, deadline_all))
         heuristic = measured[0]
         win = _tune.choose(heuristic, measured)
-        key_m = _key_m(s, ops)
+        key_m = _op_m(s)                      # the m the candidates were chosen for
         h_us, w_us = heuristic.us, win.us
         timed = sum(1 for m in measured if m.us is not None)
         results.append({"kind": s.kind, "label": s.label(), "m": s.m, "n": s.n, "k": s.k,

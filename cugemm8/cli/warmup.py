@@ -22,8 +22,9 @@ import os
 import sys
 import time
 
-from .._shapes import Shape, load_shapes
-from ._common import _fmt, _one_line, _positive_int, _progress, gpu_reason, nvrtc_reason, print_table
+from .._shapes import Shape
+from ._common import (_fmt, _one_line, _positive_int, _progress, gpu_reason, load_shapes_or_report, nvrtc_reason,
+                      print_table)
 
 #: SM count the configurations are chosen for without a GPU (an H200).
 DEFAULT_NUM_SMS = 132
@@ -165,10 +166,8 @@ def _check_cache(shapes: list[Shape], args) -> int:
 
 
 def cmd_warmup(args) -> int:
-    try:
-        shapes = load_shapes(args.shapes)
-    except ValueError as exc:
-        print(f"cugemm8 warmup: {exc}", file=sys.stderr)
+    shapes = load_shapes_or_report(args.shapes, "warmup")
+    if shapes is None:
         return 2
     if args.check_cache:
         return _check_cache(shapes, args)

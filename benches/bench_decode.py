@@ -19,8 +19,9 @@ every (N, K) the time at any M <= 64 within 2 % of M = 64; bytes/s >= 60 %
 of the copy in geomean over M <= 128, no shape below 40 %.
 
 ``--sweep`` also times forced configurations at the listed M (BLOCK_M 64 and
-128 tiles over the BLOCK_N candidates, with and without split K, plus the
-cost model's top 6), each checked first, to judge the heuristic.
+128 tiles over the BLOCK_N candidates, with and without split K, BLOCK_M 64
+with one and with two math warpgroups, plus tune's candidates from the cost
+model's top 6), each checked first, to judge the heuristic.
 This script reports; it never asserts.
 """
 from __future__ import annotations
@@ -61,9 +62,10 @@ def sweep_candidates(shape: Shape, num_sms: int) -> list:
             continue
         for bn in bns:
             for splits in (1, 2):
-                cfg = sweep_configs.forced_config(shape, bm, bn, 16, num_sms, splits=splits)
-                if cfg is not None:
-                    found.append(cfg)
+                for wgs in (2, 1) if bm == 64 else (2,):
+                    cfg = sweep_configs.forced_config(shape, bm, bn, 16, num_sms, splits=splits, wgs=wgs)
+                    if cfg is not None:
+                        found.append(cfg)
     return sweep_configs.unique_configs(found + sweep_configs.candidates(shape, 6, num_sms))
 
 

@@ -61,17 +61,17 @@ def _m(shape: Shape) -> int:
 
 
 def parse_config(text: str, shape: Shape, num_sms: int):
-    """A GemmConfig from 'BMxBN sS [c2|c2B|k2]' with the largest legal grid, or None."""
+    """A GemmConfig from 'BMxBN sS [w1] [c2|c2B|k2]' with the largest legal grid, or None."""
     from cugemm8 import _tune
     return _tune.parse_config(text, shape.kind, _m(shape), shape.n, shape.k, shape.num_groups, num_sms)
 
 
 def forced_config(shape: Shape, bm: int, bn: int, stages: int, num_sms: int, *, mc: int = 1,
-                  on_a: bool = False, splits: int = 1):
+                  on_a: bool = False, splits: int = 1, wgs: int = 2):
     """cugemm8._tune.forced_config for ``shape``."""
     from cugemm8 import _tune
     return _tune.forced_config(shape.kind, _m(shape), shape.n, shape.k, shape.num_groups, bm, bn, stages,
-                               num_sms, mc=mc, on_a=on_a, splits=splits)
+                               num_sms, mc=mc, on_a=on_a, splits=splits, wgs=wgs)
 
 
 def candidates(shape: Shape, top: int, num_sms: int, split_k: int = 0) -> list:

@@ -9,8 +9,9 @@
 // Structure (after deepseek-ai/DeepGEMM deep_gemm/include/deep_gemm/fp8_gemm.cuh;
 // DeepSeek-V3 technical report §3.3.2):
 // * one producer warpgroup (one elected thread issues every TMA load) and two
-//   math warpgroups issuing WGMMA (with BLOCK_M = 64 they split K); registers
-//   moved from the producer to the math warpgroups with setmaxnreg;
+//   math warpgroups issuing WGMMA (with BLOCK_M = 64 they split K, or a
+//   single one runs the whole K: kNumMathWGs); with two, registers moved from
+//   the producer to the math warpgroups with setmaxnreg;
 // * a kNumStages-deep ring of shared-memory stages guarded by full / empty
 //   mbarriers; one stage = one 128-wide K block of A, B and A's scales;
 // * "promotion": each K block's WGMMA partial sum (the tensor core keeps about
@@ -112,7 +113,8 @@ __device__ __forceinline__ void dispatch_num_former(uint32_t n0, F&& f) {
 // Shared-memory budget of one configuration; cugemm8/_config.py:smem_size
 // must implement the same formula: the launch asks for _config's number of
 // bytes, so a drift would under-allocate (tests/test_config.py pins the formula).
-template <uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages, uint32_t kNumKSplits>
+template <uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages, uint32_t kNumKSplits,
+          uint32_t kNumMathWGs>
 struct SmemLayout {
   static constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, 128u);
   static constexpr uint32_t kD = align_up(BLOCK_M * BLOCK_N * 2u, 1024u);   // (BLOCK_M, BLOCK_N) bf16
@@ -122,9 +124,9 @@ struct SmemLayout {
   // B scales: each of the 8 math warps keeps its own copy of the tile's two
   // candidate rows, so only __syncwarp orders their writes and reads.
   static constexpr uint32_t kSFB = align_up(8u * 2u * kNumKBlocks * 4u, 16u);  // (8 warps, 2, num_k_blocks) f32
-  // BLOCK_M == 64 splits K between two math warpgroups; the second hands its
-  // FP32 partial tile to the first through this buffer.
-  static constexpr uint32_t kReduce = BLOCK_M == 64 ? 64u * BLOCK_N * 4u : 0u;  // (BLOCK_N/2, 128) f32
+  // BLOCK_M == 64 with two math warpgroups splits K between them; the
+  // second hands its FP32 partial tile to the first through this buffer.
+  static constexpr uint32_t kReduce = BLOCK_M == 64 && kNumMathWGs == 2 ? 64u * BLOCK_N * 4u : 0u;  // (BLOCK_N/2, 128) f32
   // Split K across the cluster: rank 1's FP32 partial tile lands here in
   // rank 0, followed by the two barriers of the exchange (full: in rank 0,
   // empty: in rank 1).
@@ -144,15 +146,19 @@ struct SmemLayout {
 
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages,
           uint32_t kNumMulticast, bool kMulticastOnA, uint32_t kSwizzleDBytes, uint32_t kGemmType,
-          uint32_t kNumGroups, uint32_t kNumKSplits>
+          uint32_t kNumGroups, uint32_t kNumKSplits, uint32_t kNumMathWGs>
 struct GemmTraits {
   static constexpr uint32_t BLOCK_K = 128;
-  // Two math warpgroups always.  BLOCK_M == 64 has one 64-row sub-tile, so
-  // the two split K instead (even / odd K blocks) and reduce at the tile's
-  // end: this halves the latency-bound WGMMA -> wait -> promote chain of
-  // narrow tiles.  Larger tiles give each warpgroup its own rows.
-  static constexpr bool kSplitK = BLOCK_M == 64;
-  static constexpr uint32_t kNumMathWG = 2;
+  // Two math warpgroups, or one with BLOCK_M == 64.  BLOCK_M == 64 has one
+  // 64-row sub-tile, so two warpgroups split K instead (even / odd K blocks)
+  // and reduce at the tile's end: this halves the latency-bound WGMMA ->
+  // wait -> promote chain of narrow tiles over long K.  One warpgroup runs
+  // the chain alone but needs no reduction, no shared-memory buffer for it
+  // (more stages) and no named barriers: the choice of short K (DeepGEMM's
+  // sm90 1D2D kernel always runs BLOCK_M = 64 on one warpgroup).  Larger
+  // tiles give each of the two warpgroups its own rows.
+  static constexpr uint32_t kNumMathWG = kNumMathWGs;
+  static constexpr bool kSplitK = BLOCK_M == 64 && kNumMathWG == 2;
   static constexpr uint32_t kWaves = kSplitK ? 1 : BLOCK_M / (64 * kNumMathWG);  // 64-row sub-tiles per warpgroup
   // Warps that consume (and release) each pipeline stage.
   static constexpr uint32_t kConsumerWarps = kSplitK ? 4 : kNumMathWG * 4;
@@ -193,7 +199,7 @@ struct GemmTraits {
   static constexpr uint32_t kDRowBytes = kDCols * 2;
   static constexpr uint32_t kNumDStores = BLOCK_N / kDCols;
   static constexpr uint32_t kSwizzleMask = kSwizzleDBytes / 16 - 1;     // 7, 3, 1 (128/64/32 B)
-  using Smem = SmemLayout<SHAPE_K, BLOCK_M, BLOCK_N, kNumStages, kNumKSplits>;
+  using Smem = SmemLayout<SHAPE_K, BLOCK_M, BLOCK_N, kNumStages, kNumKSplits, kNumMathWGs>;
   // Bytes one stage's loads deliver: A's box of `a_box_rows` rows (a kernel
   // argument: min(rows, BLOCK_M), rows being M, m_sum or m_max per group),
   // its scales (the box rounded up to 16 bytes) and B's full tile.
@@ -202,6 +208,7 @@ struct GemmTraits {
   }
 
   static_assert(BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 256, "BLOCK_M must be 64, 128 or 256");
+  static_assert(kNumMathWG == 2 || (kNumMathWG == 1 && BLOCK_M == 64), "one math warpgroup only with BLOCK_M = 64");
   static_assert(BLOCK_N % 8 == 0 && BLOCK_N >= 8 && BLOCK_N <= 256, "WGMMA N is a multiple of 8 in [8, 256]");
   // A tile may straddle at most two 128-row blocks of B scales.
   static_assert(BLOCK_N <= 128 || constexpr_gcd(BLOCK_N, 128) == BLOCK_N - 128,
@@ -270,16 +277,16 @@ constexpr uint32_t kFlagBEvictFirst = 2u;
 //   tmap_d         D   as (N, rows, groups) bf16, box (kDCols, 64, 1), swizzle kSwizzleDBytes
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages,
           uint32_t kNumMulticast, bool kMulticastOnA, uint32_t kSwizzleDBytes, uint32_t kGemmType,
-          uint32_t kNumGroups, uint32_t kNumKSplits>
+          uint32_t kNumGroups, uint32_t kNumKSplits, uint32_t kNumMathWGs>
 __global__ void __launch_bounds__(
     GemmTraits<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, kNumStages, kNumMulticast, kMulticastOnA, kSwizzleDBytes,
-               kGemmType, kNumGroups, kNumKSplits>::kNumThreads, 1) __cluster_dims__(kNumMulticast * kNumKSplits, 1, 1)
+               kGemmType, kNumGroups, kNumKSplits, kNumMathWGs>::kNumThreads, 1) __cluster_dims__(kNumMulticast * kNumKSplits, 1, 1)
 fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, const float* __restrict__ sfb, const int32_t* __restrict__ grouped_layout,
                      uint16_t* __restrict__ d_ptr, uint32_t ld_d,
                      const __grid_constant__ TmaDescriptor tmap_a, const __grid_constant__ TmaDescriptor tmap_b,
                      const __grid_constant__ TmaDescriptor tmap_sfa, const __grid_constant__ TmaDescriptor tmap_d) {
   using T = GemmTraits<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, kNumStages, kNumMulticast, kMulticastOnA,
-                       kSwizzleDBytes, kGemmType, kNumGroups, kNumKSplits>;
+                       kSwizzleDBytes, kGemmType, kNumGroups, kNumKSplits, kNumMathWGs>;
   using Smem = typename T::Smem;
   using Scheduler = TileScheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, kNumMulticast, kMulticastOnA, kNumGroups>;
   constexpr uint32_t kNumKBlocks = T::kNumKBlocks;

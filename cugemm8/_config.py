@@ -11,7 +11,9 @@ Hard constraints (checked by :func:`is_legal`; the kernel static-asserts them)
 - ``block_k`` = 128; ``block_m`` in {64, 128, 256}; two math warpgroups;
   each runs ``waves = max(1, block_m // 128)`` 64-row sub-tiles, except that
   with ``block_m`` = 64 both work on the same rows and split K (even / odd
-  blocks), reducing through shared memory at the tile's end.
+  blocks), reducing through shared memory at the tile's end, or a single
+  math warpgroup (``num_math_warpgroups`` = 1, ``w1``) runs every K block
+  itself: no reduction, its 64*BN*4 bytes free for stages, any stage count.
 - ``block_n`` a multiple of 8 in [8, 256] (WGMMA m64nNk32) that straddles at
   most two 128-row blocks of B scales: ``block_n <= 128`` or
   ``gcd(block_n, 128) == block_n - 128`` (136, 144, 160, 192, 256 pass).
@@ -94,7 +96,12 @@ C_TILE + BM*BN/64 is the per-tile B-scale load, syncs and D staging
     value.  One warpgroup's promotion overlaps the other's WGMMAs, hence the
     max.  With BM = 64 the two warpgroups split K; that measured only 1-7 %
     faster than one warpgroup per 64 rows (benches/RESULTS.md, v0.2), so the
-    chain is multiplied by SPLIT_K_CHAIN = 0.9, not halved.
+    chain is multiplied by SPLIT_K_CHAIN = 0.9, not halved, and the tile
+    pays C_WG_REDUCE (2000) cycles for the reduction; one math warpgroup
+    (``w1``) has its chain multiplied by ONE_WG_CHAIN = 0.95 and no
+    reduction (both fitted to the v0.11 decode sweep: one warpgroup wins
+    5-10 % on the narrow split-K and the K = 512 tiles, two win 1-3 % on
+    64x56-64x96 tiles at K >= 1536).
   C_KB and SPLIT_K_CHAIN are fitted to the H200 v0.3 forced-config sweep
   (benches/experiments/sweep_v0.3.json).  C_KB is most of the per-K-block time
   the sweep shows for narrow tiles at M <= 128, nearly whatever BN and grid (at
@@ -168,7 +175,7 @@ __all__ = [
     "BLOCK_N_CANDIDATES", "GemmConfig", "select_config", "ranked_configs",
     "smem_size", "max_stages", "candidate_block_ms", "candidate_block_ns",
     "swizzle_d_bytes", "is_legal", "make_config", "tile_counts", "max_k",
-    "format_table", "BENCHMARK_CASES", "split_k_skew", "check_n_k",
+    "format_table", "BENCHMARK_CASES", "split_k_skew", "check_n_k", "math_warpgroup_options",
 ]
 
 KINDS = ("normal", "contiguous", "masked")
@@ -216,6 +223,17 @@ SPLIT_K_ENABLED = True
 SPLIT_K_BLOCK_MS = (64, 128)
 C_SPLIT = 1500.0
 SPLIT_K_MAX_BLOCK_N = 32
+# One math warpgroup at BLOCK_M = 64 (num_math_warpgroups = 1): its chain
+# is multiplied by ONE_WG_CHAIN, and the two-warpgroup split pays
+# C_WG_REDUCE cycles per tile for its reduction through shared memory and
+# its two named barriers.  Fitted to the v0.11 decode sweep
+# (tools/perf/wg_sweep.py, 48 shapes x 9-20 candidates; benches/RESULTS.md
+# v0.11): any C_WG_REDUCE in [1500, 3000] with ONE_WG_CHAIN = 0.95 gives the
+# same picks, 1.012x the fastest measured candidate in geomean (1.038x
+# before), and 0.9 / 1.0 are worse (1.016x / 1.014-1.017x).
+ONE_WARPGROUP_ENABLED = True
+ONE_WG_CHAIN = 0.95
+C_WG_REDUCE = 2000.0
 OVERLAP_P = 4                       # soft max of compute and feed (imperfect overlap)
 MULTICAST_MIN_ROWS = 512
 
@@ -232,19 +250,20 @@ def _align(x: int, a: int) -> int:
 # Derived quantities
 # ---------------------------------------------------------------------------
 
-def smem_size(block_m: int, block_n: int, num_stages: int, k: int, num_k_splits: int = 1) -> int:
+def smem_size(block_m: int, block_n: int, num_stages: int, k: int, num_k_splits: int = 1,
+              num_math_warpgroups: int = 2) -> int:
     """Dynamic shared memory (bytes) of the kernel; the kernel static-asserts
     the same formula::
 
         align(BM*BN*2, 1024)                        D staging (BF16)
-      + (64*BN*4 if BM == 64 else 0)                split-K reduction (FP32)
+      + (64*BN*4 if BM == 64 and 2 warpgroups)      the warpgroups' split-K reduction (FP32)
       + (align(BM*BN*4 + 16, 1024) if split)        cluster split-K partial tile (FP32) + 2 barriers
       + stages * (BM*128 + BN*128 + align(BM*4, 128))  A, B, A scales
       + align(64 * ceil(K/128), 16)                 B scales: 8 warps x 2 rows x whole K
       + 256                                         barriers and misc
     """
     return (_align(block_m * block_n * 2, 1024)
-            + (64 * block_n * 4 if block_m == 64 else 0)
+            + (64 * block_n * 4 if block_m == 64 and num_math_warpgroups == 2 else 0)
             + (_align(block_m * block_n * 4 + 16, 1024) if num_k_splits == 2 else 0)
             + num_stages * (block_m * BLOCK_K + block_n * BLOCK_K + _align(block_m * 4, 128))
             + _align(64 * _ceil_div(k, BLOCK_K), 16)
@@ -263,20 +282,20 @@ def _min_stages(block_m: int, block_n: int) -> int:
 
 
 def max_stages(block_m: int, block_n: int, k: int, smem_limit: int = SMEM_LIMIT,
-               num_k_splits: int = 1) -> int:
+               num_k_splits: int = 1, num_math_warpgroups: int = 2) -> int:
     """Largest stage count (capped at 16) whose :func:`smem_size` fits, even
-    for ``block_m`` = 64 (:func:`_stages_ok`), or 0 when fewer than the
-    minimum (3, or 4 for tiles under 128x192) fit."""
-    fixed = smem_size(block_m, block_n, 0, k, num_k_splits)
-    per_stage = smem_size(block_m, block_n, 1, k, num_k_splits) - fixed
+    for ``block_m`` = 64 with two math warpgroups (:func:`_stages_ok`), or 0
+    when fewer than the minimum (3, or 4 for tiles under 128x192) fit."""
+    fixed = smem_size(block_m, block_n, 0, k, num_k_splits, num_math_warpgroups)
+    per_stage = smem_size(block_m, block_n, 1, k, num_k_splits, num_math_warpgroups) - fixed
     stages = min(MAX_STAGES, max(0, smem_limit - fixed) // per_stage)
-    while stages and not _stages_ok(block_m, stages):
+    while stages and not _stages_ok(block_m, stages, num_math_warpgroups):
         stages -= 1
     return stages if stages >= _min_stages(block_m, block_n) else 0
 
 
-def _stages_ok(block_m: int, num_stages: int) -> bool:
-    """With ``block_m`` = 64 the two math warpgroups split K (even / odd K
+def _stages_ok(block_m: int, num_stages: int, num_math_warpgroups: int = 2) -> bool:
+    """With ``block_m`` = 64 two math warpgroups split K (even / odd K
     blocks) and each waits only on its own blocks' full barriers, by phase
     parity.  K block j uses stage j mod S: with S odd a stage alternates
     between the warpgroups lap by lap, and a warpgroup waiting for block j
@@ -291,13 +310,27 @@ def _stages_ok(block_m: int, num_stages: int) -> bool:
     block index restarts; the split-K reduction's two barriers at each
     tile's end make that safe: every block of a tile has landed before
     either warpgroup waits on the next tile's.)  The kernel static-asserts
-    the same rule."""
-    return block_m != 64 or num_stages % 2 == 0
+    the same rule.  One math warpgroup (``block_m`` = 64 only) waits on
+    every stage itself, in order: any count."""
+    return block_m != 64 or num_math_warpgroups == 1 or num_stages % 2 == 0
 
 
 def num_math_warpgroups(block_m: int) -> int:
-    """Always 2: with BLOCK_M = 64 the two split K (even / odd blocks)."""
+    """The default math warpgroup count: 2 (with BLOCK_M = 64 the two split
+    K, even / odd blocks).  :func:`math_warpgroup_options` lists the legal
+    counts."""
     return 2
+
+
+_default_math_warpgroups = num_math_warpgroups
+
+
+def math_warpgroup_options(block_m: int) -> tuple[int, ...]:
+    """Legal math warpgroup counts for ``block_m``: (2, 1) for 64 (one
+    warpgroup runs the whole K, with no reduction at the tile's end and its
+    buffer's shared memory free for stages), (2,) otherwise (each warpgroup
+    owns 64-row sub-tiles)."""
+    return (2, 1) if block_m == 64 else (2,)
 
 
 def _waves_per_warpgroup(block_m: int) -> int:
@@ -368,8 +401,10 @@ class GemmConfig:
         block_k: K extent of one pipeline stage, always 128 (one scale
             granule and one promotion interval).
         num_stages: depth of the TMA pipeline (shared-memory stages), 3 to 16.
-        num_math_warpgroups: always 2; with ``block_m`` = 64 the two split K
-            (even / odd 128-K blocks) and add their tiles at the end.
+        num_math_warpgroups: 2, or 1 with ``block_m`` = 64.  With
+            ``block_m`` = 64 two warpgroups split K (even / odd 128-K blocks)
+            and add their tiles at the end; one runs the whole K alone
+            (``str``: ``w1``).
         num_multicast: 1, or 2 for a cluster of two CTAs that share one
             operand's TMA loads (multicast).
         multicast_on_a: with ``num_multicast`` = 2: True when A is shared
@@ -390,7 +425,7 @@ class GemmConfig:
     block_n: int
     block_k: int              # always 128
     num_stages: int
-    num_math_warpgroups: int  # always 2 (block_m == 64: split K)
+    num_math_warpgroups: int  # 2, or 1 with block_m == 64 (2 with block_m == 64: split K)
     num_multicast: int        # 1 or 2 (cluster size along x)
     multicast_on_a: bool      # with num_multicast == 2: A shared (else B)
     num_k_splits: int         # 1 or 2: K split across a cluster of 2 (then num_multicast == 1)
@@ -404,23 +439,27 @@ class GemmConfig:
             mc = " c2A" if self.multicast_on_a else " c2B"
         if self.num_k_splits == 2:
             mc = " k2"
-        return f"{self.block_m}x{self.block_n} s{self.num_stages}{mc} sms{self.num_sms}"
+        wg = " w1" if self.num_math_warpgroups == 1 else ""
+        return f"{self.block_m}x{self.block_n} s{self.num_stages}{wg}{mc} sms{self.num_sms}"
 
 
 def make_config(kind: str, block_m: int, block_n: int, num_stages: int, k: int, *,
                 num_multicast: int = 1, multicast_on_a: bool = False,
-                num_k_splits: int = 1, num_sms: int = 1) -> GemmConfig:
-    """Build a :class:`GemmConfig` with its derived fields (warpgroups,
-    swizzle, shared memory for ``k``) filled in.  Does not check legality:
-    call :func:`is_legal` on the result."""
+                num_k_splits: int = 1, num_sms: int = 1,
+                num_math_warpgroups: int | None = None) -> GemmConfig:
+    """Build a :class:`GemmConfig` with its derived fields (swizzle, shared
+    memory for ``k``; the warpgroup count when ``num_math_warpgroups`` is
+    None: the default, 2) filled in.  Does not check legality: call
+    :func:`is_legal` on the result."""
+    wgs = _default_math_warpgroups(block_m) if num_math_warpgroups is None else num_math_warpgroups
     return GemmConfig(kind=kind, block_m=block_m, block_n=block_n, block_k=BLOCK_K,
                       num_stages=num_stages,
-                      num_math_warpgroups=num_math_warpgroups(block_m),
+                      num_math_warpgroups=wgs,
                       num_multicast=num_multicast,
                       multicast_on_a=bool(multicast_on_a) and num_multicast == 2,
                       num_k_splits=num_k_splits,
                       num_sms=num_sms, swizzle_d=swizzle_d_bytes(block_n),
-                      smem_bytes=smem_size(block_m, block_n, num_stages, k, num_k_splits))
+                      smem_bytes=smem_size(block_m, block_n, num_stages, k, num_k_splits, wgs))
 
 
 def is_legal(config: GemmConfig | None = None, *, k: int | None = None,
@@ -455,8 +494,8 @@ def is_legal(config: GemmConfig | None = None, *, k: int | None = None,
         return False, f"block_k must be {BLOCK_K}, got {c.block_k}"
     if bm not in BLOCK_M_CANDIDATES:
         return False, f"block_m must be one of {BLOCK_M_CANDIDATES}, got {bm}"
-    if c.num_math_warpgroups != num_math_warpgroups(bm):
-        return False, (f"num_math_warpgroups must be {num_math_warpgroups(bm)} for "
+    if c.num_math_warpgroups not in math_warpgroup_options(bm):
+        return False, (f"num_math_warpgroups must be one of {math_warpgroup_options(bm)} for "
                        f"block_m {bm}, got {c.num_math_warpgroups}")
     if bn % 8 != 0 or not 8 <= bn <= 256:
         return False, f"block_n must be a multiple of 8 in [8, 256], got {bn}"
@@ -469,9 +508,9 @@ def is_legal(config: GemmConfig | None = None, *, k: int | None = None,
         return False, f"num_stages must be in [{MIN_STAGES}, {MAX_STAGES}], got {c.num_stages}"
     if c.num_stages < _min_stages(bm, bn):
         return False, f"{bm}x{bn} needs at least {_min_stages(bm, bn)} stages, got {c.num_stages}"
-    if not _stages_ok(bm, c.num_stages):
-        return False, (f"block_m 64 (split K) needs an even stage count, got {c.num_stages}: "
-                       f"each math warpgroup must own its stages")
+    if not _stages_ok(bm, c.num_stages, c.num_math_warpgroups):
+        return False, (f"block_m 64 with two math warpgroups (split K) needs an even stage "
+                       f"count, got {c.num_stages}: each math warpgroup must own its stages")
     if c.num_k_splits not in (1, 2):
         return False, f"num_k_splits must be 1 or 2, got {c.num_k_splits}"
     if c.num_k_splits == 2 and c.num_multicast != 1:
@@ -481,10 +520,11 @@ def is_legal(config: GemmConfig | None = None, *, k: int | None = None,
     if c.num_k_splits == 2 and k is not None and _ceil_div(k, BLOCK_K) % 2:
         return False, (f"num_k_splits 2 needs an even number of 128-wide K blocks, "
                        f"k = {k} has {_ceil_div(k, BLOCK_K)}")
-    if k is not None and c.smem_bytes != smem_size(bm, bn, c.num_stages, k, c.num_k_splits):
+    wgs = c.num_math_warpgroups
+    if k is not None and c.smem_bytes != smem_size(bm, bn, c.num_stages, k, c.num_k_splits, wgs):
         return False, (f"smem_bytes {c.smem_bytes} != smem_size(...) = "
-                       f"{smem_size(bm, bn, c.num_stages, k, c.num_k_splits)} for k={k}")
-    if k is None and c.smem_bytes < smem_size(bm, bn, c.num_stages, 1, c.num_k_splits):
+                       f"{smem_size(bm, bn, c.num_stages, k, c.num_k_splits, wgs)} for k={k}")
+    if k is None and c.smem_bytes < smem_size(bm, bn, c.num_stages, 1, c.num_k_splits, wgs):
         return False, f"smem_bytes {c.smem_bytes} below the formula's minimum"
     if c.smem_bytes > smem_limit:
         return False, f"smem_bytes {c.smem_bytes} > limit {smem_limit}"
@@ -619,7 +659,7 @@ def split_k_skew(block_m: int, k: int) -> int:
 
 
 def _score(kind, bm, bn, stages, mc, on_a, m, n, k, groups, grid,
-           num_experts: int = 1, splits: int = 1) -> tuple[float, int]:
+           num_experts: int = 1, splits: int = 1, wgs: int = 2) -> tuple[float, int]:
     """Estimated cycles of the busiest CTA, and the padded work
     (executed tiles x BM x BN); see the module docstring."""
     kb = _ceil_div(k, BLOCK_K) // splits + (split_k_skew(bm, k) if splits == 2 else 0)
@@ -636,7 +676,8 @@ def _score(kind, bm, bn, stages, mc, on_a, m, n, k, groups, grid,
     t_promo = bn / 2 * (RUNTIME_SELECT if _runtime_boundary(bn) else 1.0)  # FFMAs, one sub-tile
     t_chain = sub * (4 * t_mma + t_promo) + C_KB           # one warpgroup, serial
     if bm == 64:
-        t_chain *= SPLIT_K_CHAIN                           # split K: measured ~10% shorter
+        # two warpgroups split K: measured ~10 % shorter; one: 5 % (fitted)
+        t_chain *= SPLIT_K_CHAIN if wgs == 2 else ONE_WG_CHAIN
     t_tensor = bm * bn / 32                                # all MACs at 4096/cycle
     # Shared memory at 128 B/cycle: TMA writes A and B, each sub-tile's WGMMAs
     # read its 64 rows of A and all of B.
@@ -666,6 +707,8 @@ def _score(kind, bm, bn, stages, mc, on_a, m, n, k, groups, grid,
         t_tile *= 1 + MC_PENALTY
     if splits == 2:
         t_tile += C_SPLIT
+    if bm == 64 and wgs == 2:
+        t_tile += C_WG_REDUCE                              # the warpgroups' reduction
     return waves * t_tile, executed * bm * bn
 
 
@@ -693,16 +736,23 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit):
                 split_stages = max_stages(bm, bn, k, smem_limit, num_k_splits=2)
                 if split_stages:
                     options.append((1, False, 2, split_stages))
-            for mc, on_a, splits, st in options:
+            if ONE_WARPGROUP_ENABLED and bm == 64:
+                for mc, on_a, splits, _ in list(options):
+                    st1 = max_stages(bm, bn, k, smem_limit, num_k_splits=splits, num_math_warpgroups=1)
+                    if st1:
+                        options.append((mc, on_a, splits, st1, 1))
+            options = [o if len(o) == 5 else (*o, 2) for o in options]
+            for mc, on_a, splits, st, wgs in options:
                 executed = _executed_tiles(groups, mb, nb, mc, on_a)
                 grid = min(num_sms - num_sms % max(mc, splits), executed * splits)
                 if mc == 2 and _ceil_div(executed, grid) <= 1:
                     continue              # multicast only with more than one wave
                 score, work = _score(kind, bm, bn, st, mc, on_a, m_eff, n, k,
-                                     groups, grid, num_experts=num_groups, splits=splits)
+                                     groups, grid, num_experts=num_groups, splits=splits, wgs=wgs)
                 cfg = make_config(kind, bm, bn, st, k, num_multicast=mc,
-                                  multicast_on_a=on_a, num_k_splits=splits, num_sms=grid)
-                key = (score, work, mc, splits, -bm, bn, 0 if on_a else 1)
+                                  multicast_on_a=on_a, num_k_splits=splits, num_sms=grid,
+                                  num_math_warpgroups=wgs)
+                key = (score, work, mc, splits, -bm, bn, 0 if on_a else 1, -wgs)
                 ranked.append((key, cfg))
     if not ranked:
         raise ValueError(f"no configuration fits smem_limit={smem_limit} bytes with k={k} "

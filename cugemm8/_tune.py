@@ -5,9 +5,10 @@ recorded in the tuned file (:mod:`cugemm8._tuned`).
 Candidates (:func:`candidates`): the heuristic's pick, the cost model's
 ``top`` ranked configurations with multicast allowed, the best multicast and
 non-multicast ones whatever their rank, the no-multicast twin of each
-multicast one and a multicast (A) twin of the three best plain ones, and up
+multicast one and a multicast (A) twin of the three best plain ones, up
 to ``split_k`` split-K configurations whose CTA pairs fill between half and
-all of the SMs (the same family ``benches/sweep_configs.py`` sweeps, which
+all of the SMs, and the one-math-warpgroup twin of every BLOCK_M = 64
+candidate (the same family ``benches/sweep_configs.py`` sweeps, which
 imports it from here).  Each config runs on as many CTAs as it has tiles, up
 to the SM budget.
 
@@ -40,17 +41,19 @@ PRUNE = 1.25
 # ----------------------------------------------------------------------------
 
 def forced_config(kind: str, m: int, n: int, k: int, num_groups: int, bm: int, bn: int, stages: int,
-                  num_sms: int, *, mc: int = 1, on_a: bool = False, splits: int = 1):
+                  num_sms: int, *, mc: int = 1, on_a: bool = False, splits: int = 1, wgs: int = 2):
     """The config of a BMxBN tile at most ``stages`` deep (fewer if the
-    shared memory holds fewer), on as many CTAs as it has tiles to run (up to
-    ``num_sms``; a multiple of the cluster size), or None if illegal.  ``m``
-    is the op's m (m_sum for contiguous, expected_m for masked)."""
-    stages = min(stages, _config.max_stages(bm, bn, k, num_k_splits=splits) or stages)
+    shared memory holds fewer), with ``wgs`` math warpgroups, on as many CTAs
+    as it has tiles to run (up to ``num_sms``; a multiple of the cluster
+    size), or None if illegal.  ``m`` is the op's m (m_sum for contiguous,
+    expected_m for masked)."""
+    stages = min(stages, _config.max_stages(bm, bn, k, num_k_splits=splits, num_math_warpgroups=wgs)
+                 or stages)
     cluster = mc * splits
 
     def make(grid):
         return _config.make_config(kind, bm, bn, stages, k, num_multicast=mc, multicast_on_a=on_a,
-                                   num_k_splits=splits, num_sms=grid)
+                                   num_k_splits=splits, num_sms=grid, num_math_warpgroups=wgs)
     try:
         _, executed, _ = _config.tile_counts(make(2), m, n, num_groups)
     except Exception:
@@ -60,22 +63,23 @@ def forced_config(kind: str, m: int, n: int, k: int, num_groups: int, bm: int, b
     return cfg if ok else None
 
 
-_CONFIG_RE = re.compile(r"(\d+)x(\d+) s(\d+)(?: (c2A?|c2B|k2))?(?: sms\d+)?")
+_CONFIG_RE = re.compile(r"(\d+)x(\d+) s(\d+)( w1)?(?: (c2A?|c2B|k2))?(?: sms\d+)?")
 
 
 def parse_config(text: str, kind: str, m: int, n: int, k: int, num_groups: int, num_sms: int):
-    """A config from ``'BMxBN sS [c2|c2A|c2B|k2]'`` (``c2`` / ``c2A``:
-    multicast A, ``c2B``: multicast B, ``k2``: split K; a trailing ``smsN``
-    is ignored) with the largest legal grid, or None if illegal.  Raises
-    ValueError for text in another form."""
+    """A config from ``'BMxBN sS [w1] [c2|c2A|c2B|k2]'`` (``w1``: one math
+    warpgroup, BLOCK_M 64 only; ``c2`` / ``c2A``: multicast A, ``c2B``:
+    multicast B, ``k2``: split K; a trailing ``smsN`` is ignored) with the
+    largest legal grid, or None if illegal.  Raises ValueError for text in
+    another form."""
     mt = _CONFIG_RE.fullmatch(text.strip())
     if mt is None:
-        raise ValueError(f"config {text!r} is not of the form 'BMxBN sS [c2|c2A|c2B|k2]'")
+        raise ValueError(f"config {text!r} is not of the form 'BMxBN sS [w1] [c2|c2A|c2B|k2]'")
     bm, bn, stages = (int(mt.group(i)) for i in (1, 2, 3))
-    tag = mt.group(4)
+    tag = mt.group(5)
     return forced_config(kind, m, n, k, num_groups, bm, bn, stages, num_sms,
                          mc=2 if tag in ("c2", "c2A", "c2B") else 1, on_a=tag in ("c2", "c2A"),
-                         splits=2 if tag == "k2" else 1)
+                         splits=2 if tag == "k2" else 1, wgs=1 if mt.group(4) else 2)
 
 
 def split_k_candidates(kind: str, m: int, n: int, k: int, num_groups: int, count: int, num_sms: int) -> list:
@@ -131,6 +135,13 @@ def candidates(kind: str, m: int, n: int, k: int, num_groups: int, num_sms: int,
         picked.append(forced_config(kind, m, n, k, num_groups, c.block_m, c.block_n, c.num_stages,
                                     num_sms, mc=2, on_a=True))
     picked += split_k_candidates(kind, m, n, k, num_groups, split_k, num_sms)
+    # The one-math-warpgroup twin (as many stages as fit) of every BLOCK_M =
+    # 64 candidate with two.
+    for c in list(picked):
+        if c is not None and c.block_m == 64 and c.num_math_warpgroups == 2:
+            picked.append(forced_config(kind, m, n, k, num_groups, 64, c.block_n, _config.MAX_STAGES,
+                                        num_sms, mc=c.num_multicast, on_a=c.multicast_on_a,
+                                        splits=c.num_k_splits, wgs=1))
     return unique_configs(picked)
 
 

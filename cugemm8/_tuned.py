@@ -42,9 +42,12 @@ File format (version 1)::
                           "nvrtc": ..., "cupy": ..., "sources": ..., "cugemm8": ...},
                   "kind": "normal", "n": 2112, "k": 7168, "num_groups": 1, "m_bucket": 64,
                   "config": {"block_m": 64, "block_n": 32, "num_stages": 16, "num_multicast": 1,
-                             "multicast_on_a": false, "num_k_splits": 2, "num_sms": 132},
+                             "multicast_on_a": false, "num_k_splits": 2, "num_sms": 132,
+                             "num_math_warpgroups": 2},
                   "us": 9.1, "heuristic": "64x32 s16 k2 sms132", "heuristic_us": 9.3,
                   "rows": 64, "candidates": 14, "tuned_at": "2026-12-01T15:00:00Z"}, ...]}
+``config.num_math_warpgroups`` is optional (2 when absent: files written
+before v0.11).
 """
 from __future__ import annotations
 
@@ -150,6 +153,10 @@ def _entry_problem(e) -> str | None:
                 return "config.multicast_on_a is not a bool"
         elif not isinstance(v, int) or isinstance(v, bool) or v < 1:
             return f"config.{f} is not a positive int"
+    # Optional (entries written before v0.11 lack it: 2 math warpgroups).
+    v = cfg.get("num_math_warpgroups", 2)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        return "config.num_math_warpgroups is not a positive int"
     return None
 
 
@@ -232,7 +239,8 @@ def config_from_entry(e: dict, k: int, available_sms: int) -> tuple[_config.Gemm
     try:
         cfg = _config.make_config(e["kind"], c["block_m"], c["block_n"], c["num_stages"], k,
                                   num_multicast=c["num_multicast"], multicast_on_a=c["multicast_on_a"],
-                                  num_k_splits=c["num_k_splits"], num_sms=c["num_sms"])
+                                  num_k_splits=c["num_k_splits"], num_sms=c["num_sms"],
+                                  num_math_warpgroups=c.get("num_math_warpgroups", 2))
         ok, why = _config.is_legal(cfg, k=k, available_sms=available_sms)
     except (TypeError, ValueError) as exc:
         return None, f"{type(exc).__name__}: {exc}"
@@ -315,7 +323,8 @@ def entry_for(kind: str, m: int, n: int, k: int, num_groups: int, env: dict, cfg
          "num_groups": int(num_groups), "m_bucket": m_bucket(m),
          "config": {"block_m": cfg.block_m, "block_n": cfg.block_n, "num_stages": cfg.num_stages,
                     "num_multicast": cfg.num_multicast, "multicast_on_a": bool(cfg.multicast_on_a),
-                    "num_k_splits": cfg.num_k_splits, "num_sms": cfg.num_sms}}
+                    "num_k_splits": cfg.num_k_splits, "num_sms": cfg.num_sms,
+                    "num_math_warpgroups": cfg.num_math_warpgroups}}
     e.update(extra)
     return e
 

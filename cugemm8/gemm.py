@@ -260,7 +260,7 @@ def _prepare_sfb(sfb, cupy):
 def _kernel_name(cfg: "_config.GemmConfig", n: int, k: int, gemm_type: int, num_groups: int) -> str:
     return (f"cugemm8::fp8_gemm_1d2d_kernel<{n}, {k}, {cfg.block_m}, {cfg.block_n}, {cfg.num_stages}, "
             f"{cfg.num_multicast}, {'true' if cfg.multicast_on_a else 'false'}, {cfg.swizzle_d}, "
-            f"{gemm_type}, {num_groups}, {cfg.num_k_splits}>")
+            f"{gemm_type}, {num_groups}, {cfg.num_k_splits}, {cfg.num_math_warpgroups}>")
 
 
 _printed: set = set()

@@ -438,7 +438,7 @@ def test_bench_plot_step_failure_exits_1(tmp_path, monkeypatch, capsys):
 def test_configs_prints_the_heuristic_table(tmp_path, capsys):
     assert cli.main(["configs"]) == 0
     out = capsys.readouterr().out
-    assert "64x32 s16 k2" in out and "c2A" in out          # split K and the contiguous multicast
+    assert "64x32 s16 w1 k2" in out and "c2A" in out       # split K (one warpgroup) and the contiguous multicast
     shapes = _shapes_file(tmp_path, [{"m": 64, "n": 2112, "k": 7168}])
     assert cli.main(["configs", "--shapes", shapes, "--num-sms", "131"]) == 0
     assert "k2" not in capsys.readouterr().out            # 66 pairs (132 CTAs) no longer fit

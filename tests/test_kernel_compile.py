@@ -31,6 +31,12 @@ SPLIT_K = [("normal", 64, 16, 8, 1000, 1168), ("normal", 128, 64, 6, 1000, 1168)
            ("contiguous", 64, 32, 8, 520, 1168), ("masked", 128, 32, 6, 1000, 768),
            ("normal", 64, 32, 8, 1000, 256)]
 
+# One math warpgroup at BLOCK_M = 64 (kind, bn, stages, K splits, n, k): odd
+# stage counts, split K, both grouped layouts, the widest register tile.
+ONE_WARPGROUP = [("normal", 128, 8, 1, 32768, 512), ("normal", 64, 13, 1, 4096, 7168),
+                 ("normal", 32, 16, 2, 2112, 7168), ("normal", 192, 6, 1, 1000, 1040),
+                 ("masked", 128, 7, 1, 1000, 768), ("contiguous", 32, 8, 2, 520, 1168)]
+
 
 def _names():
     names = set()
@@ -46,6 +52,11 @@ def _names():
         names.add(_gemm._kernel_name(cfg, n, k, _gemm._GEMM_TYPE[kind], 3 if kind == "masked" else 1))
     for kind, bm, bn, st, n, k in SPLIT_K:
         cfg = _config.make_config(kind, bm, bn, st, k, num_k_splits=2, num_sms=132)
+        assert _config.is_legal(cfg, k=k)[0]
+        names.add(_gemm._kernel_name(cfg, n, k, _gemm._GEMM_TYPE[kind], 3 if kind == "masked" else 1))
+    for kind, bn, st, splits, n, k in ONE_WARPGROUP:
+        cfg = _config.make_config(kind, 64, bn, st, k, num_k_splits=splits, num_sms=132,
+                                  num_math_warpgroups=1)
         assert _config.is_legal(cfg, k=k)[0]
         names.add(_gemm._kernel_name(cfg, n, k, _gemm._GEMM_TYPE[kind], 3 if kind == "masked" else 1))
     return sorted(names)

@@ -378,6 +378,32 @@ def test_parse_config_reads_what_str_writes():
         _tune.parse_config("64x32", "normal", 64, 2112, 7168, 1, 132)
 
 
+def test_candidates_include_one_warpgroup_twins():
+    """tune times the one-math-warpgroup twin of every BLOCK_M = 64
+    candidate; parse_config reads the "w1" tag back."""
+    cands = _tune.candidates("normal", 8, 32768, 512, 1, 132)
+    w1 = [c for c in cands if c.num_math_warpgroups == 1]
+    assert w1 and all(c.block_m == 64 for c in w1)
+    for c in cands:
+        assert _config.is_legal(c, k=512, available_sms=132)[0], c
+    back = _tune.parse_config(str(w1[0]), "normal", 8, 32768, 512, 1, 132)
+    assert back.num_math_warpgroups == 1 and back.block_n == w1[0].block_n
+
+
+def test_entry_keeps_the_warpgroup_count_and_old_entries_default_to_two():
+    env = {f: "x" for f in _tuned.ENV_FIELDS}
+    cfg = _config.make_config("normal", 64, 128, 6, 512, num_sms=132, num_math_warpgroups=1)
+    e = _tuned.entry_for("normal", 8, 32768, 512, 1, env, cfg)
+    assert e["config"]["num_math_warpgroups"] == 1
+    assert _tuned.config_from_entry(e, 512, 132) == (cfg, "")
+    del e["config"]["num_math_warpgroups"]          # an entry written before v0.11
+    assert _tuned._entry_problem(e) is None
+    old, why = _tuned.config_from_entry(e, 512, 132)
+    assert why == "" and old.num_math_warpgroups == 2 and old.block_n == 128
+    e["config"]["num_math_warpgroups"] = True
+    assert "num_math_warpgroups" in _tuned._entry_problem(e)
+
+
 def _measured(us, status="ok"):
     m = _tune.Measured(_cfg())
     m.samples, m.status = ([us] if us is not None else []), status

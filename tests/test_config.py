@@ -308,11 +308,14 @@ _RESULTS = Path(__file__).resolve().parents[1] / "benches" / "experiments"
 #: v0.8 (normal M = 1, 32, 128 on the decode kernel, A boxes of M rows:
 #: benches/bench_decode.py --sweep 1,32,128; CUPTI) and v0.11 (normal M =
 #: 1 ... 128 x the six decode (N, K), tune's candidates with the
-#: one-math-warpgroup twins: tools/perf/wg_sweep.py; CUPTI).
+#: one-math-warpgroup twins: tools/perf/wg_sweep.py; CUPTI; then the masked
+#: shapes and normal M = 64, 128 with multicast candidates too:
+#: benches/sweep_configs.py --kinds masked,normal --ms 64,128 --top 4
+#: --split-k 3, sweep_v0.11_grouped.json).
 #: Each shape is judged by the newest sweep that has it.
 SWEEP_PATHS = (_RESULTS / "sweep_v0.3.json", _RESULTS / "sweep_v0.5_splitk.json",
                _RESULTS / "sweep_v0.6_multicast.json", _RESULTS / "sweep_v0.8_decode.json",
-               _RESULTS / "sweep_v0.11_warpgroups.json")
+               _RESULTS / "sweep_v0.11_warpgroups.json", _RESULTS / "sweep_v0.11_grouped.json")
 SWEEP_PATH = SWEEP_PATHS[0]
 #: A pick may be this much slower than the shape's fastest measured config.
 #: Run-to-run noise is 2-3 %; the worst pick today is 4.4 % off

@@ -81,6 +81,55 @@ def cast_and_gemm(x, b, sfb):
     return run
 
 
+def gemm_nt_1d1d(a, sfa, b, sfb, d):
+    """DeepGEMM's 1D1D ``fp8_gemm_nt`` (recipe (1, 1, 128), FP32 out) on
+    cugemm8's operands (``sfa [m, kb]``, ``sfb [n, kb]`` float32) into the
+    CuPy float32 ``d [m, n]`` (shared through DLPack), accumulating in place
+    (``c = d``, DeepGEMM's wgrad form).  Raises RuntimeError when DeepGEMM
+    is unusable."""
+    dg, torch = load()
+    if dg is None:
+        raise RuntimeError(torch)
+    ta, tb = _t(torch, a, True), _t(torch, b, True)
+    tsa = dg.get_mn_major_tma_aligned_tensor(_t(torch, sfa))
+    tsb = dg.get_mn_major_tma_aligned_tensor(_t(torch, sfb))
+    td = _t(torch, d)
+
+    def run():
+        dg.fp8_gemm_nt((ta, tsa), (tb, tsb), td, c=td, recipe=(1, 1, 128), disable_ue8m0_cast=True)
+    run.keep = (a, sfa, b, sfb, d)
+    return run
+
+
+def k_grouped_1d1d(a, sfa, b, sfb, ks, d):
+    """DeepGEMM's ``k_grouped_fp8_gemm_nt_contiguous`` on cugemm8's operands
+    (``a [m, sum ks]`` K-major over the concatenated tokens, ``sfa [m, sum
+    ks / 128]``; likewise ``b``): its SM90 kernel reads each group's
+    ``[m, ks[e]]`` block contiguously, group after group, so A and B are
+    copied into that layout once here (outside the timed call); ``d``
+    ``[g, m, n]`` float32 CuPy, accumulated in place (``c = d``, which its
+    SM90 entry point requires)."""
+    dg, torch = load()
+    if dg is None:
+        raise RuntimeError(torch)
+    ta, tb = _t(torch, a, True), _t(torch, b, True)
+    offs = [0]
+    for k in ks:
+        offs.append(offs[-1] + k)
+    flat_a = torch.cat([ta[:, offs[e]:offs[e + 1]].contiguous().flatten() for e in range(len(ks))])
+    flat_b = torch.cat([tb[:, offs[e]:offs[e + 1]].contiguous().flatten() for e in range(len(ks))])
+    tsa, tsb = _t(torch, sfa), _t(torch, sfb)
+    td = _t(torch, d)
+    layout = torch.tensor(list(ks), dtype=torch.int32, device=ta.device)
+    ks = list(ks)
+
+    def run():
+        dg.k_grouped_fp8_gemm_nt_contiguous((flat_a, tsa), (flat_b, tsb), td, ks, layout, td,
+                                            recipe=(1, 1, 128))
+    run.keep = (a, sfa, b, sfb, d)
+    return run
+
+
 def _warm_worker(shapes):
     import cupy as cp
     dg, torch = load()

@@ -28,6 +28,8 @@
 //   the next tile's main loop.
 #pragma once
 #include "common.cuh"
+#include "pipeline.cuh"
+#include "ptx/fp32.cuh"
 #include "ptx/griddep.cuh"
 #include "ptx/sync.cuh"
 #include "ptx/tma.cuh"
@@ -35,38 +37,6 @@
 #include "scheduler.cuh"
 
 namespace cugemm8 {
-
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
-// FP32 multiply / fused multiply-add that keep subnormals.  CuPy compiles with
-// -ftz=true (appended after user options, CuPy cupy/cuda/compiler.py), which would flush
-// subnormal scales such as 1e-40 to zero; the explicit .rn forms without .ftz
-// keep the promotion exact to IEEE semantics (cf. flashinfer-ai/flashinfer#2595).
-__device__ __forceinline__ float mul_rn(float a, float b) {
-  float r;
-  asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-}
-
-__device__ __forceinline__ float fma_rn(float a, float b, float c) {
-  float r;
-  asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
-  return r;
-}
-
-// The split-K reductions' additions, for the same reason: a plain `+=`
-// compiles to FADD.FTZ under -ftz=true and flushed subnormal partial sums
-// (v0.2-v0.5 BLOCK_M = 64 kernels; tests/test_kernel_compile.py now rejects
-// any .FTZ arithmetic in the SASS).
-__device__ __forceinline__ float add_rn(float a, float b) {
-  float r;
-  asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-}
 
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
@@ -320,10 +290,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
     tma_prefetch_descriptor(&tmap_b);
     tma_prefetch_descriptor(&tmap_sfa);
     tma_prefetch_descriptor(&tmap_d);
-    for (uint32_t s = 0; s < kNumStages; ++s) {
-      mbarrier_init(full_bar + s, 1);
-      mbarrier_init(empty_bar + s, kNumMulticast * T::kConsumerWarps);
-    }
+    init_stage_barriers<kNumStages>(full_bar, empty_bar, kNumMulticast * T::kConsumerWarps);
     if constexpr (kNumKSplits == 2) {
       mbarrier_init(red_full_bar, 1);
       mbarrier_init(red_empty_bar, T::kNumHolderThreads / 32);
@@ -394,7 +361,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
     // ------------------------------------------------------------------ producer
     if constexpr (kNumMathWG == 2) setmaxnreg_dec<40>();
     if (threadIdx.x == producer_leader) {
-      uint32_t stage = 0, phase = 0;
+      PipeState<kNumStages> pipe;
       const uint32_t tx_bytes = T::tx_bytes(a_box_rows);
       // Issue B's loads for one K block into `stage` (multicast rules as
       // below).  B's L2 policy: evict-first with kFlagBEvictFirst, else
@@ -424,9 +391,8 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
         // One K block: wait for the stage, then issue its loads.
         auto load_block = [&](uint32_t kb) {
           // Wait until every consumer (of every CTA in the cluster) released the stage.
-          mbarrier_wait(empty_bar + stage, phase ^ 1);
-          uint64_t* bar = full_bar + stage;
-          mbarrier_arrive_expect_tx(bar, tx_bytes);
+          uint64_t* bar = producer_acquire(pipe, full_bar, empty_bar, tx_bytes);
+          const uint32_t stage = pipe.stage;
           const int32_t k = static_cast<int32_t>(kb * 128);
           if constexpr (kNumMulticast == 2 && kMulticastOnA) {
             if (rank == 0) {
@@ -440,7 +406,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
                         a_group);
           }
           load_b(bar, stage, kb, b_row, b_group);
-          if (++stage == kNumStages) stage = 0, phase ^= 1;
+          pipe.advance();
         };
         if constexpr (kNumKSplits == 2) {
           // Not unrolled: the producer runs on 40 registers (setmaxnreg), and
@@ -461,7 +427,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
     const uint32_t warp = tid / 32, lane = tid % 32;
     // Row (within the tile) of sub-tile `v` handled by this warpgroup.
     auto row_off = [&](uint32_t v) { return T::kSplitK ? 0u : v * 64 * kNumMathWG + warpgroup * 64; };
-    uint32_t stage = 0, phase = 0;
+    PipeState<kNumStages> pipe;
     float* warp_sfb = smem_sfb + (threadIdx.x / 32) * 2 * kNumKBlocks;   // this warp's B-scale copy
     // Low words of the WGMMA descriptors of stage 0's A rows (this
     // warpgroup's) and B tile.  Each WGMMA adds its stage / sub-tile / k byte
@@ -595,11 +561,12 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
             for (uint32_t j = 0; j < kCount; ++j) {
               const uint32_t kb = kb_begin + j;
               if (T::kSplitK && j % 2 != warpgroup) {   // the other warpgroup's block
-                if (++stage == kNumStages) stage = 0, phase ^= 1;
+                pipe.advance();
                 continue;
               }
               const float sb0 = warp_sfb[kb], sb1 = T::kSFBTileRows == 2 ? warp_sfb[kNumKBlocks + kb] : sb0;
-              mbarrier_wait(full_bar + stage, phase);
+              const uint32_t stage = pipe.stage;
+              mbarrier_wait(full_bar + stage, pipe.phase);
               // Read this stage's A scales before the stage can be released.
               float sa[kWaves][2];
               #pragma unroll
@@ -618,7 +585,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
                 if (v == kWaves - 1) release(stage);
                 promote(accum, final_accum[v], sa[v][0], sa[v][1], sb0, sb1, num_former);
               }
-              if (++stage == kNumStages) stage = 0, phase ^= 1;
+              pipe.advance();
             }
           };
           // A compile-time trip count for each rank (a run-time one spilled).

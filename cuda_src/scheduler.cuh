@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MIT
 // Persistent tile scheduler shared by the normal, contiguous-grouped and
 // masked-grouped GEMMs (a grouped GEMM is an addressing variant, not another
-// kernel).
+// kernel), and by the 1D1D kernel's normal and k-grouped forms
+// (fp8_gemm_1d1d.cuh): a k-grouped GEMM has kNumGroups full M x N outputs,
+// walked group after group, each rasterised like a normal GEMM.
 //
 // Work is handed out in "cluster tiles": with TMA multicast the two CTAs of a
 // cluster take the two halves of one cluster tile, sharing the multicast
@@ -28,7 +30,7 @@
 
 namespace cugemm8 {
 
-enum GemmType : uint32_t { kNormal = 0, kGroupedContiguous = 1, kGroupedMasked = 2 };
+enum GemmType : uint32_t { kNormal = 0, kGroupedContiguous = 1, kGroupedMasked = 2, kGroupedK = 3 };
 
 template <uint32_t kGemmType, uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N,
           uint32_t kNumMulticast, bool kMulticastOnA, uint32_t kNumGroups>
@@ -41,11 +43,12 @@ struct TileScheduler {
   static constexpr uint32_t kMPasses = (kGemmType == kGroupedContiguous && BLOCK_M == 256) ? 2 : 1;
   static_assert(kGemmType != kGroupedMasked || kPairM == 1, "masked GEMMs multicast A only");
   static_assert(kGemmType != kGroupedContiguous || kPairM == 1, "contiguous GEMMs multicast A only");
+  static_assert(kGemmType != kGroupedK || kNumMulticast == 1, "k-grouped GEMMs do not multicast");
 
   struct Tile {
     uint32_t m_block;   // within the group for masked GEMMs
     uint32_t n_block;
-    uint32_t group;     // masked: group index; otherwise 0
+    uint32_t group;     // masked, k-grouped: group index; otherwise 0
     uint32_t valid_m;   // rows of this group that are valid (shape_m, or min(masked_m, m_max))
     uint32_t pass;      // contiguous with BLOCK_M = 256: 0 or 1 (see above); otherwise 0
     bool phantom;       // outside the matrix: compute but never store
@@ -105,6 +108,15 @@ struct TileScheduler {
         t.pass = ct >= per_pass ? 1u : 0u;
         ct -= t.pass * per_pass;
       }
+      t.group = 0;
+      if constexpr (kGemmType == kGroupedK) {
+        // Every group has the full grid of tiles, group after group.
+        const uint32_t per_group = num_cluster_m * kNumClusterN;
+        if (per_group == 0) return false;
+        t.group = ct / per_group;
+        if (t.group >= kNumGroups) return false;
+        ct -= t.group * per_group;
+      }
       if (ct >= num_cluster_m * kNumClusterN) return false;
       const uint32_t band = ct / (kBandN * num_cluster_m);
       const uint32_t band_start = band * kBandN;
@@ -112,7 +124,6 @@ struct TileScheduler {
       const uint32_t in_band = ct - band * kBandN * num_cluster_m;
       mc = in_band / width;
       nc = band_start + in_band % width;
-      t.group = 0;
       t.valid_m = shape_m;
     }
     t.m_block = mc * kPairM + (kPairM == 2 ? rank : 0);

@@ -1,0 +1,175 @@
+"""The 1D1D (FP32-out) GEMMs of FP8 training, beside DeepGEMM in one process (one GPU call).
+
+    python benches/bench_training.py [--tokens 4096] [--reps 10] [--deepgemm] [--json OUT]
+
+Rows:
+
+* **wgrad**: ``cugemm8.fp8_gemm_nt`` with FP32 ``d`` for the weight
+  gradient ``dW [N, K] = dY^T X`` of each DeepSeek-V3 linear layer (the six
+  (N, K) pairs), K = ``--tokens`` tokens: D ``[N, K_in]`` over ``tokens``,
+  accumulated in place (``c = d``, gradient accumulation), DeepGEMM's
+  ``fp8_gemm_nt(..., c=d, recipe=(1, 1, 128))`` on the same bytes;
+* **k-grouped**: ``cugemm8.k_grouped_fp8_gemm_nt_contiguous`` on DeepGEMM's
+  ``enumerate_k_grouped_contiguous`` sizes (tests/generators.py: groups,
+  m, n, mean tokens per group, per-group tokens drawn in [0.7, 1.3]x and
+  aligned to 128), in place; DeepGEMM's kernel on its own group-by-group
+  copy of the same operands (``benches/deepgemm_anchor.py``).
+
+Times: CUPTI kernel durations (torch.profiler), 256 MB L2 flush before each
+repetition, median; TFLOPS = 2 m n k / time.  Each output is checked first:
+cugemm8 against a float64 product on the GPU (calc_diff), DeepGEMM against
+cugemm8.  Reports; never asserts.  With ``--deepgemm``, put DeepGEMM on
+PYTHONPATH (``../shared/anchors/README.md``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(_HERE))
+sys.path.insert(1, str(_HERE.parent))
+
+import numpy as np  # noqa: E402
+
+import common  # noqa: E402
+from cugemm8._shapes import DEEPSEEK_NK  # noqa: E402
+from cugemm8.cli import print_table  # noqa: E402
+
+K_GROUPED = ((4, 4096, 7168, 8192), (4, 7168, 2048, 8192), (8, 4096, 7168, 4096), (8, 7168, 2048, 4096),
+             (16, 4096, 7168, 2048), (16, 7168, 2048, 2048))
+
+
+def _operands(cp, rng, m, n, k):
+    from tests import gpu_helpers as H
+    kb = -(-k // 128)
+    return (H.random_fp8(cp, rng, (m, k)), H.random_scales(cp, rng, (m, kb)),
+            H.random_fp8(cp, rng, (n, k)), H.random_scales(cp, rng, (n, kb)))
+
+
+def _ref(cp, a, sfa, b, sfb):
+    from tests import gpu_helpers as H
+    return H.dequant_lhs(cp, a, sfa) @ H.dequant_lhs(cp, b, sfb).T
+
+
+def _time(fn, reps, flush):
+    t = common.kernel_times([fn], reps=reps, flush=flush)
+    if t is None:
+        t = common.time_call(fn, reps=reps, warmup=2, flush=flush)
+    return t.median
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, default=4096)
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--deepgemm", action="store_true")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    from cugemm8 import _device
+    reason = _device.gpu_unavailable_reason()
+    if reason is not None:
+        print(f"no usable Hopper GPU ({reason}): nothing to time")
+        return 2
+    import cupy as cp
+    import cugemm8
+    flush = common.L2Flush()
+    dg = None
+    if args.deepgemm:
+        import deepgemm_anchor
+        if deepgemm_anchor.load()[0] is None:
+            print(deepgemm_anchor.load()[1])
+        else:
+            dg = deepgemm_anchor
+    rng = np.random.default_rng(0)
+    rows, records = [], []
+
+    def record(kind, label, flops, cfg, ours, theirs, status):
+        rec = {"kind": kind, "shape": label, "config": cfg, "us": ours, "deepgemm_us": theirs,
+               "tflops": flops / ours / 1e6 if ours else None, "status": status}
+        records.append(rec)
+        rows.append((kind, label, cfg, f"{ours:.1f}" if ours else "-", f"{rec['tflops']:.0f}" if ours else "-",
+                     f"{theirs:.1f}" if theirs else "-", f"{theirs / ours:.2f}" if ours and theirs else "-", status))
+
+    for n_out, k_in in DEEPSEEK_NK[:6]:
+        m, n, k = n_out, k_in, args.tokens
+        a, sfa, b, sfb = _operands(cp, rng, m, n, k)
+        sfa, sfb = cugemm8.get_col_major_tma_aligned_tensor(sfa), cugemm8.get_col_major_tma_aligned_tensor(sfb)
+        d = cp.zeros((m, n), cp.float32)
+        cugemm8.fp8_gemm_nt((a, sfa), (b, sfb), d)
+        ref = _ref(cp, a, sfa, b, sfb)
+        diff = common_calc_diff(cp, d, ref)
+        status = "ok" if diff < 1e-5 else f"FAIL {diff:.1e}"
+        del ref
+        product = d.copy()
+        ours = _time(lambda: cugemm8.fp8_gemm_nt((a, sfa), (b, sfb), d, c=d), args.reps, flush)
+        theirs = None
+        if dg is not None:
+            try:
+                d_dg = cp.zeros_like(d)
+                run = dg.gemm_nt_1d1d(a, sfa, b, sfb, d_dg)
+                run()
+                cp.cuda.runtime.deviceSynchronize()
+                dd = common_calc_diff(cp, d_dg, product)
+                theirs = _time(run, args.reps, flush)
+                status += f"; DG calc_diff {dd:.1e}"
+            except Exception as exc:
+                status += f"; DG {type(exc).__name__}: {exc}"[:80]
+        cfg = str(cugemm8.get_gemm_1d1d_config(m, n, k, with_c=True))
+        record("wgrad", f"{m}x{n}x{k}", 2 * m * n * k, cfg, ours, theirs, status)
+        common.release_memory()
+
+    for g, m, n, k_mean in K_GROUPED:
+        ks = [int(round(k_mean * f / 128)) * 128 for f in rng.uniform(0.7, 1.3, g)]
+        kt = sum(ks)
+        a, sfa, b, sfb = _operands(cp, rng, m, n, kt)
+        sfa_t, sfb_t = cugemm8.get_col_major_tma_aligned_tensor(sfa), cugemm8.get_col_major_tma_aligned_tensor(sfb)
+        kst = cp.asarray(np.asarray(ks, np.int32))
+        d = cp.zeros((g, m, n), cp.float32)
+        cugemm8.k_grouped_fp8_gemm_nt_contiguous((a, sfa_t), (b, sfb_t), d, ks, kst)
+        # check two groups against float64
+        off, worst = 0, 0.0
+        for e, ke in enumerate(ks[:2]):
+            ref = _ref(cp, a[:, off:off + ke], sfa[:, off // 128:(off + ke) // 128],
+                       b[:, off:off + ke], sfb[:, off // 128:(off + ke) // 128])
+            worst = max(worst, common_calc_diff(cp, d[e], ref))
+            off += ke
+        status = "ok" if worst < 1e-5 else f"FAIL {worst:.1e}"
+        product = d.copy()
+        ours = _time(lambda: cugemm8.k_grouped_fp8_gemm_nt_contiguous((a, sfa_t), (b, sfb_t), d, ks, kst, c=d),
+                     args.reps, flush)
+        theirs = None
+        if dg is not None:
+            try:
+                d_dg = cp.zeros_like(d)
+                run = dg.k_grouped_1d1d(a, sfa, b, sfb, ks, d_dg)
+                run()
+                cp.cuda.runtime.deviceSynchronize()
+                dd = common_calc_diff(cp, d_dg, product)
+                theirs = _time(run, args.reps, flush)
+                status += f"; DG calc_diff {dd:.1e}"
+            except Exception as exc:
+                status += f"; DG {type(exc).__name__}: {exc}"[:80]
+        cfg = str(cugemm8.get_gemm_1d1d_config(m, n, kt, num_groups=g, with_c=True))
+        record("k-grouped", f"{g}x{m}x{n}x{kt}", 2 * m * n * kt, cfg, ours, theirs, status)
+        common.release_memory()
+
+    print_table("1D1D GEMMs (FP32 out, c = d; CUPTI µs)",
+                ("kind", "shape", "config", "µs", "TFLOPS", "DeepGEMM µs", "xDG", "check"), rows)
+    x = [r["deepgemm_us"] / r["us"] for r in records if r["us"] and r["deepgemm_us"]]
+    if x:
+        print(f"geomean xDeepGEMM {common.geomean(x):.3f} over {len(x)} (min {min(x):.2f})")
+    if args.json:
+        Path(args.json).write_text(json.dumps(records, indent=1))
+    return 0
+
+
+def common_calc_diff(cp, x, y):
+    from tests import gpu_helpers as H
+    return H.calc_diff(cp, x, y)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

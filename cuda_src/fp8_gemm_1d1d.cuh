@@ -1,0 +1,276 @@
+// SPDX-License-Identifier: MIT
+// FP8 GEMM with both operands scaled 1x128 along K ("1D1D", the weight
+// gradient of DeepSeek-V3's FP8 training: technical report §3.3) for sm_90a,
+// FP32 output, optionally accumulated into C:
+//
+//   D[m, n] = (C[m, n] +) sum_kb SFA[m, kb] * SFB[n, kb] * sum_{k in kb} A[m, k] * B[n, k]
+//
+// A [M, K] and B [N, K] are e4m3 (K-major), SFA [M, ceil(K/128)] and
+// SFB [N, ceil(K/128)] float32 (read MN-major, as the 1D2D kernel reads
+// SFA), D and C float32 row-major (C may be D: in place).  For a linear
+// layer's wgrad dW = dY^T X, K is the token dimension: A = dY^T, B = X^T,
+// both quantised along the tokens (cugemm8.per_token_cast_to_fp8_t).
+//
+// kGemmType kGroupedK is DeepGEMM's k-grouped contiguous layout (the MoE
+// wgrad): kNumGroups groups own consecutive runs of the K dimension, group g
+// the ks[g] columns after those of groups < g (each a multiple of 128, so no
+// scale granule straddles two groups), and D[g] (+ C[g]) is the 1D1D
+// product over its own run.  A group with ks[g] = 0 stores C[g] (or zeros)
+// unchanged.
+//
+// Structure: the 1D2D kernel's (fp8_gemm_1d2d.cuh) without its B-scale
+// staging and split K: one producer warpgroup (one thread issues the TMA
+// loads of A, B and both scales into a stage of the ring, pipeline.cuh), two
+// math warpgroups that own 64-row sub-tiles (BLOCK_M = 128: one each, 256:
+// two each), persistent CTAs on scheduler.cuh's rasterised order.  The
+// promotion takes a scale per output element,
+//
+//   final[m, n] = fma(fl32(SFA[m, kb] * SFB[n, kb]), partial[m, n], final[m, n]),
+//
+// the order cugemm8.reference.promoted_accumulation_model_1d1d models (after
+// DeepGEMM's sm90_fp8_gemm_1d1d.cuh, which promotes the same way); B's scales
+// for a thread's columns are read from the stage during the promotion, and
+// the stage is released after it.  Epilogue: FP32 straight from registers to
+// global memory (8-byte stores, bounds-predicated in M and N), adding C first
+// (add.rn: subnormals kept) when given.
+#pragma once
+#include "common.cuh"
+#include "pipeline.cuh"
+#include "ptx/fp32.cuh"
+#include "ptx/griddep.cuh"
+#include "ptx/sync.cuh"
+#include "ptx/tma.cuh"
+#include "ptx/wgmma.cuh"
+#include "scheduler.cuh"
+
+namespace cugemm8 {
+
+// Shared-memory budget; cugemm8/_config_1d1d.py:smem_size must implement the
+// same formula (tests/test_gemm_1d1d.py pins it).
+template <uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages>
+struct SmemLayout1d1d {
+  static constexpr uint32_t kA = BLOCK_M * 128u;                  // (BLOCK_M, BLOCK_K) e4m3
+  static constexpr uint32_t kB = BLOCK_N * 128u;                  // (BLOCK_N, BLOCK_K) e4m3
+  static constexpr uint32_t kSFA = align_up(BLOCK_M * 4u, 128u);  // (BLOCK_M,) f32
+  static constexpr uint32_t kSFB = align_up(BLOCK_N * 4u, 128u);  // (BLOCK_N,) f32
+  static constexpr uint32_t kOffA = 0;
+  static constexpr uint32_t kOffB = kOffA + kNumStages * kA;
+  static constexpr uint32_t kOffSFA = kOffB + kNumStages * kB;
+  static constexpr uint32_t kOffSFB = kOffSFA + kNumStages * kSFA;
+  static constexpr uint32_t kOffBar = kOffSFB + kNumStages * kSFB;
+  static constexpr uint32_t kTotal = kOffBar + 256u;
+  static_assert(2u * kNumStages * 8u <= 256u, "barrier reserve holds at most 16 stages");
+};
+
+template <uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages, uint32_t kGemmType,
+          uint32_t kNumGroups>
+struct Gemm1d1dTraits {
+  static constexpr uint32_t kNumMathWG = 2;
+  static constexpr uint32_t kWaves = BLOCK_M / 128;          // 64-row sub-tiles per math warpgroup
+  static constexpr uint32_t kNumMathThreads = 128 * kNumMathWG;
+  static constexpr uint32_t kNumThreads = kNumMathThreads + 128;
+  static constexpr uint32_t kNumAccum = BLOCK_N / 2;          // f32 per thread per 64 x BLOCK_N
+  using Smem = SmemLayout1d1d<BLOCK_M, BLOCK_N, kNumStages>;
+  // Bytes one stage's four boxes deliver (TMA counts the zero-filled
+  // out-of-bounds part of a box too).
+  static constexpr uint32_t kTxBytes = Smem::kA + Smem::kB + BLOCK_M * 4u + BLOCK_N * 4u;
+  static_assert(BLOCK_M == 128 || BLOCK_M == 256, "BLOCK_M must be 128 or 256");
+  static_assert(BLOCK_N % 8 == 0 && BLOCK_N >= 8 && BLOCK_N <= 256, "WGMMA N is a multiple of 8 in [8, 256]");
+  static_assert((kWaves + 1) * kNumAccum <= 192, "accumulators would not fit in 232 registers");
+  static_assert(kNumStages >= 2 && kNumStages <= 16, "2..16 pipeline stages");
+  static_assert(Smem::kTotal <= 232448, "shared memory exceeds the sm_90 opt-in limit (232,448 B)");
+  static_assert(kGemmType == kNormal || kGemmType == kGroupedK, "the 1D1D kernel is normal or k-grouped");
+  static_assert(kGemmType == kGroupedK || kNumGroups == 1, "a normal 1D1D GEMM has one group");
+};
+
+// K blocks [begin, begin + count) of group g: the whole K for a normal GEMM;
+// for a k-grouped one, the run after the groups before g (ks clamped at 0,
+// so a malformed ks can give wrong values but never an access outside the
+// tensor maps: every load is a TMA box, zero-filled out of bounds).
+template <uint32_t kGemmType>
+__device__ __forceinline__ void group_k_blocks(uint32_t g, uint32_t shape_k, const int32_t* ks,
+                                               uint32_t& begin, uint32_t& count) {
+  if constexpr (kGemmType == kGroupedK) {
+    uint32_t off = 0;
+    for (uint32_t e = 0; e < g; ++e) off += static_cast<uint32_t>(max(__ldg(ks + e), 0));
+    begin = off / 128u;
+    count = ceil_div(static_cast<uint32_t>(max(__ldg(ks + g), 0)), 128u);
+  } else {
+    begin = 0;
+    count = ceil_div(shape_k, 128u);
+  }
+}
+
+// Arguments:
+//   shape_m   rows of A / D (per group)
+//   shape_k   K (normal), or the sum of ks (k-grouped; unused by the kernel)
+//   ks        k-grouped: int32 [kNumGroups] tokens per group; else nullptr
+//   d_ptr     D float32 [kNumGroups, shape_m, SHAPE_N], row stride ld_d elements,
+//             group stride shape_m * ld_d
+//   c_ptr     C with D's layout, or nullptr; may equal d_ptr
+//   tmap_a    A   as (K, M, 1) u8,   box (128, BLOCK_M, 1), 128B swizzle
+//   tmap_b    B   as (K, N, 1) u8,   box (128, BLOCK_N, 1), 128B swizzle
+//   tmap_sfa  SFA as (M, ceil(K/128), 1) f32 (MN-major), box (BLOCK_M, 1, 1)
+//   tmap_sfb  SFB as (N, ceil(K/128), 1) f32 (MN-major), box (BLOCK_N, 1, 1)
+template <uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages, uint32_t kGemmType,
+          uint32_t kNumGroups>
+__global__ void __launch_bounds__(
+    Gemm1d1dTraits<SHAPE_N, BLOCK_M, BLOCK_N, kNumStages, kGemmType, kNumGroups>::kNumThreads, 1)
+fp8_gemm_1d1d_kernel(uint32_t shape_m, uint32_t shape_k, const int32_t* __restrict__ ks, float* d_ptr,
+                     const float* c_ptr, uint32_t ld_d,
+                     const __grid_constant__ TmaDescriptor tmap_a, const __grid_constant__ TmaDescriptor tmap_b,
+                     const __grid_constant__ TmaDescriptor tmap_sfa, const __grid_constant__ TmaDescriptor tmap_sfb) {
+  using T = Gemm1d1dTraits<SHAPE_N, BLOCK_M, BLOCK_N, kNumStages, kGemmType, kNumGroups>;
+  using Smem = typename T::Smem;
+  using Scheduler = TileScheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, 1, false, kNumGroups>;
+  constexpr uint32_t kNumAccum = T::kNumAccum;
+  constexpr uint32_t kWaves = T::kWaves;
+
+  extern __shared__ __align__(1024) uint8_t smem[];
+  uint64_t* full_bar = reinterpret_cast<uint64_t*>(smem + Smem::kOffBar);
+  uint64_t* empty_bar = full_bar + kNumStages;
+  auto smem_a = [&](uint32_t s) { return smem + Smem::kOffA + s * Smem::kA; };
+  auto smem_b = [&](uint32_t s) { return smem + Smem::kOffB + s * Smem::kB; };
+  auto smem_sfa = [&](uint32_t s) { return reinterpret_cast<float*>(smem + Smem::kOffSFA + s * Smem::kSFA); };
+  auto smem_sfb = [&](uint32_t s) { return reinterpret_cast<float*>(smem + Smem::kOffSFB + s * Smem::kSFB); };
+
+  const uint32_t warpgroup = threadIdx.x / 128;
+  const uint32_t producer_leader = T::kNumMathThreads;
+  if (threadIdx.x == producer_leader) {
+    if ((smem_addr(smem) & 1023u) != 0) device_trap();   // 128B swizzle needs 1024-aligned tiles
+    tma_prefetch_descriptor(&tmap_a);
+    tma_prefetch_descriptor(&tmap_b);
+    tma_prefetch_descriptor(&tmap_sfa);
+    tma_prefetch_descriptor(&tmap_sfb);
+    // Every math warp releases every stage.
+    init_stage_barriers<kNumStages>(full_bar, empty_bar, T::kNumMathThreads / 32);
+    fence_barrier_init();
+  }
+  __syncthreads();
+  griddep_wait();
+  griddep_launch_dependents();
+
+  Scheduler scheduler(shape_m, nullptr, blockIdx.x, gridDim.x, 0);
+  typename Scheduler::Tile tile;
+
+  if (warpgroup == T::kNumMathWG) {
+    // ------------------------------------------------------------------ producer
+    setmaxnreg_dec<40>();
+    if (threadIdx.x == producer_leader) {
+      PipeState<kNumStages> pipe;
+      while (scheduler.next(tile)) {
+        uint32_t kb0, kb_count;
+        group_k_blocks<kGemmType>(tile.group, shape_k, ks, kb0, kb_count);
+        const int32_t m0 = static_cast<int32_t>(tile.m_block * BLOCK_M);
+        const int32_t n0 = static_cast<int32_t>(tile.n_block * BLOCK_N);
+        for (uint32_t j = 0; j < kb_count; ++j) {
+          uint64_t* bar = producer_acquire(pipe, full_bar, empty_bar, T::kTxBytes);
+          const uint32_t s = pipe.stage;
+          const int32_t kb = static_cast<int32_t>(kb0 + j);
+          tma_load_3d(smem_a(s), &tmap_a, bar, kb * 128, m0, 0);
+          tma_load_3d(smem_b(s), &tmap_b, bar, kb * 128, n0, 0);
+          tma_load_3d(smem_sfa(s), &tmap_sfa, bar, m0, kb, 0);
+          tma_load_3d(smem_sfb(s), &tmap_sfb, bar, n0, kb, 0);
+          pipe.advance();
+        }
+      }
+    }
+  } else {
+    // ------------------------------------------------------------------ math
+    setmaxnreg_inc<232>();
+    const uint32_t tid = threadIdx.x % 128;
+    const uint32_t warp = tid / 32, lane = tid % 32;
+    // Row (within the tile) of sub-tile v handled by this warpgroup.
+    auto row_off = [&](uint32_t v) { return v * 128 + warpgroup * 64; };
+    // WGMMA descriptors' low words, as in the 1D2D kernel (warp-uniform via
+    // the shuffle, so they stay in uniform registers).
+    const uint32_t desc_a0 = smem_desc_sw128_lo(smem_a(0)) + __shfl_sync(0xffffffffu, row_off(0) * 128 / 16, 0);
+    const uint32_t desc_b0 = smem_desc_sw128_lo(smem_b(0));
+    PipeState<kNumStages> pipe;
+    float accum[kNumAccum];
+    float final_accum[kWaves][kNumAccum];
+
+    auto issue_mma = [&](uint32_t s, uint32_t v) {
+      #pragma unroll
+      for (uint32_t i = 0; i < kNumAccum; ++i) fence_operand(accum[i]);
+      wgmma_fence();
+      #pragma unroll
+      for (uint32_t k = 0; k < 4; ++k) {
+        const uint64_t da = smem_desc_sw128_from_lo(desc_a0 + (s * Smem::kA + (row_off(v) - row_off(0)) * 128 + k * 32) / 16);
+        const uint64_t db = smem_desc_sw128_from_lo(desc_b0 + (s * Smem::kB + k * 32) / 16);
+        WgmmaFp8<BLOCK_N>::mma(accum, da, db, k > 0 ? 1u : 0u);
+      }
+      wgmma_commit_group();
+    };
+
+    while (scheduler.next(tile)) {
+      uint32_t kb0, kb_count;
+      group_k_blocks<kGemmType>(tile.group, shape_k, ks, kb0, kb_count);
+      (void)kb0;
+      #pragma unroll
+      for (uint32_t v = 0; v < kWaves; ++v) {
+        #pragma unroll
+        for (uint32_t i = 0; i < kNumAccum; ++i) final_accum[v][i] = 0.f;
+      }
+      #pragma unroll 1
+      for (uint32_t j = 0; j < kb_count; ++j) {
+        const uint32_t s = pipe.stage;
+        mbarrier_wait(full_bar + s, pipe.phase);
+        const float* sfb_stage = smem_sfb(s);
+        #pragma unroll
+        for (uint32_t v = 0; v < kWaves; ++v) {
+          const uint32_t r = row_off(v) + warp * 16 + lane / 4;
+          const float sa0 = smem_sfa(s)[r], sa1 = smem_sfa(s)[r + 8];
+          issue_mma(s, v);
+          wgmma_wait_group<0>();
+          #pragma unroll
+          for (uint32_t i = 0; i < kNumAccum; ++i) fence_operand(accum[i]);
+          // Promotion with a scale per element: the thread's columns i*8 +
+          // 2*(lane%4) + {0, 1} (the m64nNk32 accumulator fragment).
+          #pragma unroll
+          for (uint32_t i = 0; i < kNumAccum / 4; ++i) {
+            const float2 sb = *reinterpret_cast<const float2*>(sfb_stage + i * 8 + (lane % 4) * 2);
+            float* f = final_accum[v] + i * 4;
+            const float* a = accum + i * 4;
+            f[0] = fma_rn(mul_rn(sa0, sb.x), a[0], f[0]);
+            f[1] = fma_rn(mul_rn(sa0, sb.y), a[1], f[1]);
+            f[2] = fma_rn(mul_rn(sa1, sb.x), a[2], f[2]);
+            f[3] = fma_rn(mul_rn(sa1, sb.y), a[3], f[3]);
+          }
+        }
+        // Both scales of the stage have been read: release it (one arrival per warp).
+        __syncwarp();
+        if (lane == 0) mbarrier_arrive(empty_bar + s);
+        pipe.advance();
+      }
+
+      // ---------------------------------------------------------------- epilogue
+      const bool empty = kb_count == 0;
+      const uint64_t group_off = static_cast<uint64_t>(tile.group) * shape_m * ld_d;
+      #pragma unroll
+      for (uint32_t v = 0; v < kWaves; ++v) {
+        #pragma unroll
+        for (uint32_t h = 0; h < 2; ++h) {
+          const uint32_t r = tile.m_block * BLOCK_M + row_off(v) + warp * 16 + lane / 4 + h * 8;
+          if (r >= shape_m) continue;
+          const uint64_t row = group_off + static_cast<uint64_t>(r) * ld_d;
+          #pragma unroll
+          for (uint32_t i = 0; i < kNumAccum / 4; ++i) {
+            const uint32_t col = tile.n_block * BLOCK_N + i * 8 + (lane % 4) * 2;
+            if (col >= SHAPE_N) continue;
+            float2 x = make_float2(final_accum[v][i * 4 + h * 2], final_accum[v][i * 4 + h * 2 + 1]);
+            if (c_ptr != nullptr) {
+              // Each element of C is read, then D written, by this thread
+              // alone, so C may be D.
+              const float2 cv = *reinterpret_cast<const float2*>(c_ptr + row + col);
+              x = empty ? cv : make_float2(add_rn(cv.x, x.x), add_rn(cv.y, x.y));
+            }
+            *reinterpret_cast<float2*>(d_ptr + row + col) = x;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace cugemm8

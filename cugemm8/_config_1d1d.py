@@ -1,0 +1,198 @@
+"""Kernel configurations of the 1D1D GEMMs (FP32 out; ``cuda_src/fp8_gemm_1d1d.cuh``):
+pure, deterministic, CPU-only.
+
+Hard constraints (the kernel static-asserts them; :func:`is_legal`)
+------------------------------------------------------------------
+- ``block_m`` in {128, 256}: two math warpgroups owning 64-row sub-tiles
+  (one each, or two each); ``block_k`` = 128 (one promotion interval).
+- ``block_n`` a multiple of 8 in [8, 256] with ``(block_m / 128 + 1) *
+  block_n / 2 <= 192`` FP32 accumulator registers per math thread
+  (``block_m`` = 256: ``block_n <= 128``).
+- Shared memory (:func:`smem_size`) at most 232,448 bytes, 3 to 16 stages.
+- Grid: at most the SMs available and at most the tiles.
+
+Selection (:func:`select_config`)
+---------------------------------
+Candidates: ``block_m`` in (128, 256) x ``block_n`` in
+:data:`BLOCK_N_CANDIDATES`, each with the most stages that fit.  Score, in
+SM cycles of the busiest CTA (the 1D2D model's structure,
+cugemm8/_config.py, with the 1D1D kernel's own terms)::
+
+    score = waves * (kb * t_block + t_epilogue + C_TILE)
+    waves = ceil(groups * tiles / grid)
+    t_block = max(BM*BN/32,                      tensor core, 4096 FP8 MAC/cycle
+                  (BM + BN) * 128 / feed_rate,    L2 -> SM, feed_rate = min(64, 6154 / grid)
+                  BM/128 * 2.25 * BN + C_KB)      promotion: 2 FP32 ops per element
+                                                  + an 8-byte B-scale load per 8 columns,
+                                                  two math warps per SM sub-partition
+    t_epilogue = BM*BN*4 / 32 * (2 with C else 1) FP32 stores (and C loads) at 32 B/cycle
+
+with ``kb`` the mean 128-K blocks of a tile (k-grouped: over the groups).
+Ties go to fewer padded elements, then larger BLOCK_M, then smaller
+BLOCK_N.  These are rough H200 figures for ranking, not times.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import operator
+
+__all__ = ["Gemm1d1dConfig", "BLOCK_M_CANDIDATES", "BLOCK_N_CANDIDATES", "smem_size", "max_stages",
+           "is_legal", "make_config", "select_config", "ranked_configs"]
+
+BLOCK_K = 128
+SMEM_LIMIT = 232448
+MAX_STAGES = 16
+MIN_STAGES = 3
+REGISTER_LIMIT = 192
+BLOCK_M_CANDIDATES = (128, 256)
+BLOCK_N_CANDIDATES = (64, 96, 112, 128, 144, 160, 176, 192)
+C_KB = 300.0                 # per-K-block latency: barrier wait, scale reads, release
+C_TILE = 1500.0              # per tile: pipeline refill behind the epilogue
+STORE_BYTES_PER_CYCLE = 32.0
+L2_BYTES_PER_CYCLE = 8e6 / 1300
+SM_BYTES_PER_CYCLE = 64.0
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _align(x: int, a: int) -> int:
+    return _ceil_div(x, a) * a
+
+
+@dataclasses.dataclass(frozen=True)
+class Gemm1d1dConfig:
+    """One 1D1D kernel configuration (``str``: e.g. ``128x128 s6 sms132``).
+
+    Attributes:
+        block_m: rows of one output tile (BLOCK_M): 128 or 256.
+        block_n: columns of one output tile (BLOCK_N): a multiple of 8.
+        num_stages: depth of the TMA pipeline (shared-memory stages).
+        num_sms: the grid (persistent CTAs).
+        smem_bytes: dynamic shared memory per CTA (:func:`smem_size`).
+    """
+    block_m: int
+    block_n: int
+    num_stages: int
+    num_sms: int
+    smem_bytes: int
+
+    def __str__(self) -> str:
+        return f"{self.block_m}x{self.block_n} s{self.num_stages} sms{self.num_sms}"
+
+
+def smem_size(block_m: int, block_n: int, num_stages: int) -> int:
+    """Dynamic shared memory (bytes); ``SmemLayout1d1d`` in the kernel::
+
+        stages * (BM*128 + BN*128 + align(BM*4, 128) + align(BN*4, 128)) + 256
+    """
+    per_stage = block_m * BLOCK_K + block_n * BLOCK_K + _align(block_m * 4, 128) + _align(block_n * 4, 128)
+    return num_stages * per_stage + 256
+
+
+def max_stages(block_m: int, block_n: int, smem_limit: int = SMEM_LIMIT) -> int:
+    """The most stages (at most 16) that fit, or 0 below the minimum of 3."""
+    fixed = smem_size(block_m, block_n, 0)
+    per_stage = smem_size(block_m, block_n, 1) - fixed
+    stages = min(MAX_STAGES, max(0, smem_limit - fixed) // per_stage)
+    return stages if stages >= MIN_STAGES else 0
+
+
+def make_config(block_m: int, block_n: int, num_stages: int, num_sms: int) -> Gemm1d1dConfig:
+    return Gemm1d1dConfig(block_m, block_n, num_stages, num_sms, smem_size(block_m, block_n, num_stages))
+
+
+def _registers_ok(block_m: int, block_n: int) -> bool:
+    return (block_m // 128 + 1) * block_n // 2 <= REGISTER_LIMIT
+
+
+def is_legal(cfg: Gemm1d1dConfig, *, available_sms: int | None = None,
+             smem_limit: int = SMEM_LIMIT) -> tuple[bool, str]:
+    """``(True, "ok")`` or ``(False, reason)`` for the kernel's rules."""
+    bm, bn = cfg.block_m, cfg.block_n
+    for name in ("block_m", "block_n", "num_stages", "num_sms", "smem_bytes"):
+        v = getattr(cfg, name)
+        if not isinstance(v, int) or isinstance(v, bool):
+            return False, f"{name} must be an int, got {v!r}"
+    if bm not in BLOCK_M_CANDIDATES:
+        return False, f"block_m must be one of {BLOCK_M_CANDIDATES}, got {bm}"
+    if bn % 8 or not 8 <= bn <= 256:
+        return False, f"block_n must be a multiple of 8 in [8, 256], got {bn}"
+    if not _registers_ok(bm, bn):
+        return False, (f"{bm}x{bn} needs {(bm // 128 + 1) * bn // 2} accumulator registers per "
+                       f"thread (> {REGISTER_LIMIT})")
+    if not MIN_STAGES <= cfg.num_stages <= MAX_STAGES:
+        return False, f"num_stages must be in [{MIN_STAGES}, {MAX_STAGES}], got {cfg.num_stages}"
+    if cfg.smem_bytes != smem_size(bm, bn, cfg.num_stages):
+        return False, f"smem_bytes {cfg.smem_bytes} != smem_size(...) = {smem_size(bm, bn, cfg.num_stages)}"
+    if cfg.smem_bytes > smem_limit:
+        return False, f"smem_bytes {cfg.smem_bytes} > limit {smem_limit}"
+    if cfg.num_sms < 1:
+        return False, f"num_sms (grid) must be >= 1, got {cfg.num_sms}"
+    if available_sms is not None and cfg.num_sms > available_sms:
+        return False, f"grid {cfg.num_sms} exceeds the {available_sms} SMs available"
+    return True, "ok"
+
+
+def _score(bm: int, bn: int, m: int, n: int, kb_mean: float, groups: int, grid: int, with_c: bool):
+    tiles = groups * _ceil_div(m, bm) * _ceil_div(n, bn)
+    waves = _ceil_div(tiles, grid)
+    feed = min(SM_BYTES_PER_CYCLE, L2_BYTES_PER_CYCLE / grid)
+    t_block = max(bm * bn / 32, (bm + bn) * BLOCK_K / feed, bm / 128 * 2.25 * bn + C_KB)
+    t_epi = bm * bn * 4 / STORE_BYTES_PER_CYCLE * (2 if with_c else 1)
+    return waves * (kb_mean * t_block + t_epi + C_TILE), tiles * bm * bn
+
+
+def _as_int(name: str, v) -> int:
+    if isinstance(v, bool):
+        raise TypeError(f"{name} must be an integer, got {v!r}")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(v).__name__} {v!r}") from None
+
+
+@functools.lru_cache(maxsize=4096)
+def _rank(m: int, n: int, kb_total: int, groups: int, num_sms: int, with_c: bool, smem_limit: int):
+    kb_mean = kb_total / groups
+    out = []
+    for bm in BLOCK_M_CANDIDATES:
+        for bn in BLOCK_N_CANDIDATES:
+            if not _registers_ok(bm, bn):
+                continue
+            st = max_stages(bm, bn, smem_limit)
+            if not st:
+                continue
+            tiles = groups * _ceil_div(max(m, 1), bm) * _ceil_div(max(n, 8), bn)
+            grid = max(1, min(num_sms, tiles))
+            score, work = _score(bm, bn, max(m, 1), max(n, 8), kb_mean, groups, grid, with_c)
+            out.append(((score, work, -bm, bn), make_config(bm, bn, st, grid)))
+    if not out:
+        raise ValueError(f"no 1D1D configuration fits smem_limit={smem_limit} bytes")
+    out.sort(key=lambda e: e[0])
+    return tuple((key[0], cfg) for key, cfg in out)
+
+
+def ranked_configs(m: int, n: int, k: int, *, num_groups: int = 1, num_sms: int = 132,
+                   with_c: bool = False, smem_limit: int = SMEM_LIMIT):
+    """Every candidate with its score, best first (see the module docstring);
+    ``k`` is the total K (k-grouped: the sum over the groups)."""
+    m, n, k = _as_int("m", m), _as_int("n", n), _as_int("k", k)
+    num_groups, num_sms = _as_int("num_groups", num_groups), _as_int("num_sms", num_sms)
+    if m < 0 or n < 0 or k < 0:
+        raise ValueError(f"m, n, k must be >= 0, got {m}, {n}, {k}")
+    if num_groups < 1 or num_sms < 1:
+        raise ValueError(f"num_groups and num_sms must be >= 1, got {num_groups}, {num_sms}")
+    return _rank(m, n, _ceil_div(k, BLOCK_K), num_groups, num_sms, bool(with_c), smem_limit)
+
+
+def select_config(m: int, n: int, k: int, *, num_groups: int = 1, num_sms: int = 132,
+                  with_c: bool = False, smem_limit: int = SMEM_LIMIT) -> Gemm1d1dConfig:
+    """The configuration :func:`cugemm8.fp8_gemm_nt` (FP32 out) and
+    :func:`cugemm8.k_grouped_fp8_gemm_nt_contiguous` launch for D ``[m, n]``
+    (per group) and total K ``k``.  Raises ``ValueError`` / ``TypeError``
+    for impossible or non-integer arguments."""
+    return ranked_configs(m, n, k, num_groups=num_groups, num_sms=num_sms, with_c=with_c,
+                          smem_limit=smem_limit)[0][1]

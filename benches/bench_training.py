@@ -1,6 +1,7 @@
 """The 1D1D (FP32-out) GEMMs of FP8 training, beside DeepGEMM in one process (one GPU call).
 
-    python benches/bench_training.py [--tokens 4096] [--reps 10] [--deepgemm] [--json OUT]
+    python benches/bench_training.py [--tokens 4096] [--reps 10] [--deepgemm]
+                                     [--configs 128x128,256x128,...] [--json OUT]
 
 Rows:
 
@@ -14,6 +15,11 @@ Rows:
   m, n, mean tokens per group, per-group tokens drawn in [0.7, 1.3]x and
   aligned to 128), in place; DeepGEMM's kernel on its own group-by-group
   copy of the same operands (``benches/deepgemm_anchor.py``).
+
+``--configs`` also times each listed BLOCK_MxBLOCK_N (as many stages as fit)
+on every shape, each checked bit for bit against the heuristic's output
+first (every config promotes the same blocks in the same order), and prints
+the fastest per shape.
 
 Times: CUPTI kernel durations (torch.profiler), 256 MB L2 flush before each
 repetition, median; TFLOPS = 2 m n k / time.  Each output is checked first:
@@ -66,6 +72,7 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--deepgemm", action="store_true")
+    p.add_argument("--configs", default="", help="BMxBN tiles to time on every shape too")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     from cugemm8 import _device
@@ -85,6 +92,35 @@ def main(argv=None) -> int:
             dg = deepgemm_anchor
     rng = np.random.default_rng(0)
     rows, records = [], []
+    from cugemm8 import _config_1d1d as C1, gemm_1d1d as G1
+    forced = []
+    for t in (x for x in args.configs.split(",") if x):
+        bm, bn = (int(v) for v in t.split("x"))
+        st = C1.max_stages(bm, bn)
+        if st and C1._registers_ok(bm, bn):
+            forced.append((bm, bn, st))
+        else:
+            print(f"skipping {t}: not legal")
+
+    def sweep(label, call, out, product):
+        """Time every --configs tile on one shape: {config: µs} (checked first)."""
+        res = {}
+        for bm, bn, st in forced:
+            cfg = C1.make_config(bm, bn, st, cugemm8.get_num_sms())
+            with G1._forced_config(cfg):
+                out[...] = 0
+                call(False)
+                cp.cuda.runtime.deviceSynchronize()
+                if not bool(cp.all(out.view(cp.uint32) == product.view(cp.uint32))):
+                    res[str(cfg)] = "not bit-identical"
+                    continue
+                res[str(cfg)] = _time(lambda: call(True), args.reps, flush)
+        ok = {c: t for c, t in res.items() if not isinstance(t, str)}
+        if ok:
+            best = min(ok, key=ok.get)
+            print(f"  {label}: " + ", ".join(f"{c} {t if isinstance(t, str) else f'{t:.1f}'}" for c, t in res.items())
+                  + f"  -> best {best}", flush=True)
+        return res
 
     def record(kind, label, flops, cfg, ours, theirs, status):
         rec = {"kind": kind, "shape": label, "config": cfg, "us": ours, "deepgemm_us": theirs,
@@ -117,6 +153,9 @@ def main(argv=None) -> int:
                 status += f"; DG calc_diff {dd:.1e}"
             except Exception as exc:
                 status += f"; DG {type(exc).__name__}: {exc}"[:80]
+        if forced:
+            sweep(f"{m}x{n}x{k}", lambda c: cugemm8.fp8_gemm_nt((a, sfa), (b, sfb), d, c=d if c else None),
+                  d, product)
         cfg = str(cugemm8.get_gemm_1d1d_config(m, n, k, with_c=True))
         record("wgrad", f"{m}x{n}x{k}", 2 * m * n * k, cfg, ours, theirs, status)
         common.release_memory()
@@ -152,6 +191,9 @@ def main(argv=None) -> int:
                 status += f"; DG calc_diff {dd:.1e}"
             except Exception as exc:
                 status += f"; DG {type(exc).__name__}: {exc}"[:80]
+        if forced:
+            sweep(f"{g}x{m}x{n}x{kt}", lambda c: cugemm8.k_grouped_fp8_gemm_nt_contiguous(
+                (a, sfa_t), (b, sfb_t), d, ks, kst, c=d if c else None), d, product)
         cfg = str(cugemm8.get_gemm_1d1d_config(m, n, kt, num_groups=g, with_c=True))
         record("k-grouped", f"{g}x{m}x{n}x{kt}", 2 * m * n * kt, cfg, ours, theirs, status)
         common.release_memory()

@@ -28,9 +28,11 @@
 //   final[m, n] = fma(fl32(SFA[m, kb] * SFB[n, kb]), partial[m, n], final[m, n]),
 //
 // the order cugemm8.reference.promoted_accumulation_model_1d1d models (after
-// DeepGEMM's sm90_fp8_gemm_1d1d.cuh, which promotes the same way); B's scales
-// for a thread's columns are read from the stage during the promotion, and
-// the stage is released after it.  Epilogue: FP32 straight from registers to
+// DeepGEMM's sm90_fp8_gemm_1d1d.cuh, which promotes the same way).  With
+// BLOCK_M = 128 B's scales for a thread's columns are read into registers
+// before the WGMMAs and the stage is released as soon as they complete
+// (DeepGEMM's order); with 256 (two sub-tiles per warpgroup) they are read
+// from the stage during each promotion and the stage is released after both.  Epilogue: FP32 straight from registers to
 // global memory (8-byte stores, bounds-predicated in M and N), adding C first
 // (add.rn: subnormals kept) when given.
 #pragma once
@@ -76,7 +78,10 @@ struct Gemm1d1dTraits {
   static constexpr uint32_t kTxBytes = Smem::kA + Smem::kB + BLOCK_M * 4u + BLOCK_N * 4u;
   static_assert(BLOCK_M == 128 || BLOCK_M == 256, "BLOCK_M must be 128 or 256");
   static_assert(BLOCK_N % 8 == 0 && BLOCK_N >= 8 && BLOCK_N <= 256, "WGMMA N is a multiple of 8 in [8, 256]");
-  static_assert((kWaves + 1) * kNumAccum <= 192, "accumulators would not fit in 232 registers");
+  // Accumulators, final tile(s) and (one sub-tile per warpgroup) B's scales:
+  // cugemm8/_config_1d1d.py _registers_needed (128 x 176 and 128 x 192 spilled).
+  static_assert((kWaves + 1) * kNumAccum + (kWaves == 1 ? BLOCK_N / 4 : 0) <= 208,
+                "accumulators and scales would not fit in 232 registers");
   static_assert(kNumStages >= 2 && kNumStages <= 16, "2..16 pipeline stages");
   static_assert(Smem::kTotal <= 232448, "shared memory exceeds the sm_90 opt-in limit (232,448 B)");
   static_assert(kGemmType == kNormal || kGemmType == kGroupedK, "the 1D1D kernel is normal or k-grouped");
@@ -212,39 +217,71 @@ fp8_gemm_1d1d_kernel(uint32_t shape_m, uint32_t shape_k, const int32_t* __restri
         #pragma unroll
         for (uint32_t i = 0; i < kNumAccum; ++i) final_accum[v][i] = 0.f;
       }
+      // Promotion with a scale per element: the thread's columns are i*8 +
+      // 2*(lane%4) + {0, 1} (the m64nNk32 accumulator fragment).
+      auto promote = [&](float* fin, float sa0, float sa1, uint32_t i, float2 sb) {
+        const float* a = accum + i * 4;
+        float* f = fin + i * 4;
+        f[0] = fma_rn(mul_rn(sa0, sb.x), a[0], f[0]);
+        f[1] = fma_rn(mul_rn(sa0, sb.y), a[1], f[1]);
+        f[2] = fma_rn(mul_rn(sa1, sb.x), a[2], f[2]);
+        f[3] = fma_rn(mul_rn(sa1, sb.y), a[3], f[3]);
+      };
       #pragma unroll 1
       for (uint32_t j = 0; j < kb_count; ++j) {
         const uint32_t s = pipe.stage;
         mbarrier_wait(full_bar + s, pipe.phase);
         const float* sfb_stage = smem_sfb(s);
-        #pragma unroll
-        for (uint32_t v = 0; v < kWaves; ++v) {
-          const uint32_t r = row_off(v) + warp * 16 + lane / 4;
+        const uint32_t r = row_off(0) + warp * 16 + lane / 4;
+        if constexpr (kWaves == 1) {
+          // DeepGEMM's order: both scales into registers, the WGMMAs, the
+          // stage released as soon as they completed, then the promotion
+          // (overlapping the refill and the other warpgroup's WGMMAs).
           const float sa0 = smem_sfa(s)[r], sa1 = smem_sfa(s)[r + 8];
-          issue_mma(s, v);
+          float2 sb[kNumAccum / 4];
+          #pragma unroll
+          for (uint32_t i = 0; i < kNumAccum / 4; ++i)
+            sb[i] = *reinterpret_cast<const float2*>(sfb_stage + i * 8 + (lane % 4) * 2);
+          issue_mma(s, 0);
           wgmma_wait_group<0>();
           #pragma unroll
           for (uint32_t i = 0; i < kNumAccum; ++i) fence_operand(accum[i]);
-          // Promotion with a scale per element: the thread's columns i*8 +
-          // 2*(lane%4) + {0, 1} (the m64nNk32 accumulator fragment).
+          __syncwarp();
+          if (lane == 0) mbarrier_arrive(empty_bar + s);
           #pragma unroll
-          for (uint32_t i = 0; i < kNumAccum / 4; ++i) {
-            const float2 sb = *reinterpret_cast<const float2*>(sfb_stage + i * 8 + (lane % 4) * 2);
-            float* f = final_accum[v] + i * 4;
-            const float* a = accum + i * 4;
-            f[0] = fma_rn(mul_rn(sa0, sb.x), a[0], f[0]);
-            f[1] = fma_rn(mul_rn(sa0, sb.y), a[1], f[1]);
-            f[2] = fma_rn(mul_rn(sa1, sb.x), a[2], f[2]);
-            f[3] = fma_rn(mul_rn(sa1, sb.y), a[3], f[3]);
+          for (uint32_t i = 0; i < kNumAccum / 4; ++i) promote(final_accum[0], sa0, sa1, i, sb[i]);
+        } else {
+          // Two sub-tiles per warpgroup: B's scales (too many to keep in
+          // registers beside two tiles of accumulators) are read from the
+          // stage during each promotion, and the stage is released after both.
+          #pragma unroll
+          for (uint32_t v = 0; v < kWaves; ++v) {
+            const float sa0 = smem_sfa(s)[r + v * 128], sa1 = smem_sfa(s)[r + v * 128 + 8];
+            issue_mma(s, v);
+            wgmma_wait_group<0>();
+            #pragma unroll
+            for (uint32_t i = 0; i < kNumAccum; ++i) fence_operand(accum[i]);
+            #pragma unroll
+            for (uint32_t i = 0; i < kNumAccum / 4; ++i)
+              promote(final_accum[v], sa0, sa1, i,
+                      *reinterpret_cast<const float2*>(sfb_stage + i * 8 + (lane % 4) * 2));
           }
+          __syncwarp();
+          if (lane == 0) mbarrier_arrive(empty_bar + s);
         }
-        // Both scales of the stage have been read: release it (one arrival per warp).
-        __syncwarp();
-        if (lane == 0) mbarrier_arrive(empty_bar + s);
         pipe.advance();
       }
 
       // ---------------------------------------------------------------- epilogue
+      // Per row of the thread's fragment (2 per 64-row sub-tile): every load
+      // of C first (BLOCK_N / 8 independent 8-byte loads, sharing one
+      // memory latency), then the additions and the stores.  Loading and
+      // storing element by element serialised a DRAM round trip per 8 bytes
+      // (C may be D, so the compiler keeps each load after the previous
+      // store): 2x the GEMM's time at 2112 x 7168 x 4096 (benches/RESULTS.md
+      // v0.11).  A whole sub-tile's loads at once spilled (BLOCK_N / 2 more
+      // registers).  Each element of C is read, then D written, by this
+      // thread alone, so C may be D.
       const bool empty = kb_count == 0;
       const uint64_t group_off = static_cast<uint64_t>(tile.group) * shape_m * ld_d;
       #pragma unroll
@@ -254,16 +291,22 @@ fp8_gemm_1d1d_kernel(uint32_t shape_m, uint32_t shape_k, const int32_t* __restri
           const uint32_t r = tile.m_block * BLOCK_M + row_off(v) + warp * 16 + lane / 4 + h * 8;
           if (r >= shape_m) continue;
           const uint64_t row = group_off + static_cast<uint64_t>(r) * ld_d;
+          const uint32_t c0 = tile.n_block * BLOCK_N + (lane % 4) * 2;
+          float2 cv[kNumAccum / 4];
+          if (c_ptr != nullptr) {
+            #pragma unroll
+            for (uint32_t i = 0; i < kNumAccum / 4; ++i) {
+              cv[i] = c0 + i * 8 < SHAPE_N ? *reinterpret_cast<const float2*>(c_ptr + row + c0 + i * 8)
+                                           : make_float2(0.f, 0.f);
+            }
+          }
           #pragma unroll
           for (uint32_t i = 0; i < kNumAccum / 4; ++i) {
-            const uint32_t col = tile.n_block * BLOCK_N + i * 8 + (lane % 4) * 2;
+            const uint32_t col = c0 + i * 8;
             if (col >= SHAPE_N) continue;
             float2 x = make_float2(final_accum[v][i * 4 + h * 2], final_accum[v][i * 4 + h * 2 + 1]);
             if (c_ptr != nullptr) {
-              // Each element of C is read, then D written, by this thread
-              // alone, so C may be D.
-              const float2 cv = *reinterpret_cast<const float2*>(c_ptr + row + col);
-              x = empty ? cv : make_float2(add_rn(cv.x, x.x), add_rn(cv.y, x.y));
+              x = empty ? cv[i] : make_float2(add_rn(cv[i].x, x.x), add_rn(cv[i].y, x.y));
             }
             *reinterpret_cast<float2*>(d_ptr + row + col) = x;
           }

@@ -5,16 +5,21 @@ Hard constraints (the kernel static-asserts them; :func:`is_legal`)
 ------------------------------------------------------------------
 - ``block_m`` in {128, 256}: two math warpgroups owning 64-row sub-tiles
   (one each, or two each); ``block_k`` = 128 (one promotion interval).
-- ``block_n`` a multiple of 8 in [8, 256] with ``(block_m / 128 + 1) *
-  block_n / 2 <= 192`` FP32 accumulator registers per math thread
-  (``block_m`` = 256: ``block_n <= 128``).
+- ``block_n`` a multiple of 8 in [8, 256] with at most 208 FP32 registers
+  per math thread held across the promotion: ``(block_m / 128 + 1) *
+  block_n / 2`` accumulators, plus ``block_n / 4`` B scales with ``block_m``
+  = 128 (so 128 x 160 and 256 x 128 at most; 128 x 176 spilled 8 bytes
+  in the epilogue, 128 x 192 in the K loop).
 - Shared memory (:func:`smem_size`) at most 232,448 bytes, 3 to 16 stages.
 - Grid: at most the SMs available and at most the tiles.
 
 Selection (:func:`select_config`)
 ---------------------------------
-Candidates: ``block_m`` in (128, 256) x ``block_n`` in
-:data:`BLOCK_N_CANDIDATES`, each with the most stages that fit.  Score, in
+Candidates: ``block_m`` = 128 (:data:`SELECT_BLOCK_MS`; 256 is legal but
+measured slower) x ``block_n`` in :data:`BLOCK_N_CANDIDATES`, each with the
+most stages that fit.  On the 12 shapes of ``benches/bench_training.py``
+this picks the fastest of 6 measured tiles every time (128x160, or 128x128
+at N = 512 where 160 pads a quarter of the columns).  Score, in
 SM cycles of the busiest CTA (the 1D2D model's structure,
 cugemm8/_config.py, with the 1D1D kernel's own terms)::
 
@@ -44,8 +49,14 @@ BLOCK_K = 128
 SMEM_LIMIT = 232448
 MAX_STAGES = 16
 MIN_STAGES = 3
-REGISTER_LIMIT = 192
+REGISTER_LIMIT = 208          # of the 232 a math thread has after setmaxnreg (128x176 spilled)
 BLOCK_M_CANDIDATES = (128, 256)
+#: The BLOCK_M values :func:`select_config` considers.  256 (two sub-tiles per
+#: math warpgroup, B's scales re-read from shared memory per sub-tile, the
+#: stage released after both) measured 1-15 % slower than the best 128-row
+#: tile on all 12 shapes of benches/bench_training.py (H200, v0.11,
+#: benches/RESULTS.md), so it stays a forced-configuration option only.
+SELECT_BLOCK_MS = (128,)
 BLOCK_N_CANDIDATES = (64, 96, 112, 128, 144, 160, 176, 192)
 C_KB = 300.0                 # per-K-block latency: barrier wait, scale reads, release
 C_TILE = 1500.0              # per tile: pipeline refill behind the epilogue
@@ -104,8 +115,16 @@ def make_config(block_m: int, block_n: int, num_stages: int, num_sms: int) -> Ge
     return Gemm1d1dConfig(block_m, block_n, num_stages, num_sms, smem_size(block_m, block_n, num_stages))
 
 
+def _registers_needed(block_m: int, block_n: int) -> int:
+    """FP32 registers per math thread held across the promotion: the WGMMA
+    accumulators and the final tile(s), BLOCK_N / 2 each, and with BLOCK_M =
+    128 B's scales for the thread's columns (BLOCK_N / 4)."""
+    waves = block_m // 128
+    return (waves + 1) * block_n // 2 + (block_n // 4 if waves == 1 else 0)
+
+
 def _registers_ok(block_m: int, block_n: int) -> bool:
-    return (block_m // 128 + 1) * block_n // 2 <= REGISTER_LIMIT
+    return _registers_needed(block_m, block_n) <= REGISTER_LIMIT
 
 
 def is_legal(cfg: Gemm1d1dConfig, *, available_sms: int | None = None,
@@ -121,8 +140,8 @@ def is_legal(cfg: Gemm1d1dConfig, *, available_sms: int | None = None,
     if bn % 8 or not 8 <= bn <= 256:
         return False, f"block_n must be a multiple of 8 in [8, 256], got {bn}"
     if not _registers_ok(bm, bn):
-        return False, (f"{bm}x{bn} needs {(bm // 128 + 1) * bn // 2} accumulator registers per "
-                       f"thread (> {REGISTER_LIMIT})")
+        return False, (f"{bm}x{bn} needs {_registers_needed(bm, bn)} accumulator and scale registers "
+                       f"per thread (> {REGISTER_LIMIT})")
     if not MIN_STAGES <= cfg.num_stages <= MAX_STAGES:
         return False, f"num_stages must be in [{MIN_STAGES}, {MAX_STAGES}], got {cfg.num_stages}"
     if cfg.smem_bytes != smem_size(bm, bn, cfg.num_stages):
@@ -158,7 +177,7 @@ def _as_int(name: str, v) -> int:
 def _rank(m: int, n: int, kb_total: int, groups: int, num_sms: int, with_c: bool, smem_limit: int):
     kb_mean = kb_total / groups
     out = []
-    for bm in BLOCK_M_CANDIDATES:
+    for bm in SELECT_BLOCK_MS:
         for bn in BLOCK_N_CANDIDATES:
             if not _registers_ok(bm, bn):
                 continue

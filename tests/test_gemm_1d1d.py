@@ -33,7 +33,7 @@ def test_smem_formula_and_stages():
 
 
 @pytest.mark.parametrize("fields,reason", [
-    (dict(block_m=64), "block_m"), (dict(block_n=12), "multiple of 8"), (dict(block_m=256, block_n=144), "register"),
+    (dict(block_m=64), "block_m"), (dict(block_n=12), "multiple of 8"), (dict(block_m=256, block_n=144), "register"), (dict(block_m=128, block_n=176), "register"),
     (dict(num_stages=2), "num_stages"), (dict(num_stages=17), "num_stages"), (dict(num_sms=0), "num_sms"),
 ])
 def test_is_legal_rejects(fields, reason):
@@ -226,7 +226,7 @@ def test_k_grouped_shape_rules():
 
 # ---------------------------------------------------------------- compile
 
-COMPILE = [(2048, 128, 128, 6, 0, 1), (7168, 256, 128, 4, 0, 1), (7168, 128, 192, 5, 0, 1),
+COMPILE = [(2048, 128, 128, 6, 0, 1), (7168, 256, 128, 4, 0, 1), (7168, 128, 160, 6, 0, 1),
            (7168, 256, 112, 4, 0, 1), (2048, 128, 64, 8, 0, 1), (1000, 128, 136, 5, 0, 1),
            (7168, 256, 128, 4, 3, 4), (2048, 256, 96, 4, 3, 8), (1000, 128, 8, 12, 3, 3)]
 

@@ -89,26 +89,30 @@ struct Gemm1d1dTraits {
 };
 
 // K blocks [begin, begin + count) of group g: the whole K for a normal GEMM;
-// for a k-grouped one, the run after the groups before g (ks clamped at 0,
-// so a malformed ks can give wrong values but never an access outside the
-// tensor maps: every load is a TMA box, zero-filled out of bounds).
+// for a k-grouped one, the run after the groups before g, clamped to the
+// ceil(shape_k / 128) blocks of the operands (ks entries below 0 count as 0).
+// The host validates ks; a ks_tensor that disagrees with it gives wrong
+// values, never an access outside the tensor maps (every load is a TMA box,
+// zero-filled out of bounds) and never more K blocks than the operands have.
 template <uint32_t kGemmType>
 __device__ __forceinline__ void group_k_blocks(uint32_t g, uint32_t shape_k, const int32_t* ks,
                                                uint32_t& begin, uint32_t& count) {
+  const uint32_t total = ceil_div(shape_k, 128u);
   if constexpr (kGemmType == kGroupedK) {
-    uint32_t off = 0;
+    uint64_t off = 0;
     for (uint32_t e = 0; e < g; ++e) off += static_cast<uint32_t>(max(__ldg(ks + e), 0));
-    begin = off / 128u;
-    count = ceil_div(static_cast<uint32_t>(max(__ldg(ks + g), 0)), 128u);
+    const uint64_t b = off / 128u;
+    begin = b < total ? static_cast<uint32_t>(b) : total;
+    count = constexpr_min(ceil_div(static_cast<uint32_t>(max(__ldg(ks + g), 0)), 128u), total - begin);
   } else {
     begin = 0;
-    count = ceil_div(shape_k, 128u);
+    count = total;
   }
 }
 
 // Arguments:
 //   shape_m   rows of A / D (per group)
-//   shape_k   K (normal), or the sum of ks (k-grouped; unused by the kernel)
+//   shape_k   K (normal), or the sum of ks (k-grouped: bounds each group's run)
 //   ks        k-grouped: int32 [kNumGroups] tokens per group; else nullptr
 //   d_ptr     D float32 [kNumGroups, shape_m, SHAPE_N], row stride ld_d elements,
 //             group stride shape_m * ld_d
@@ -196,16 +200,8 @@ fp8_gemm_1d1d_kernel(uint32_t shape_m, uint32_t shape_k, const int32_t* __restri
     float final_accum[kWaves][kNumAccum];
 
     auto issue_mma = [&](uint32_t s, uint32_t v) {
-      #pragma unroll
-      for (uint32_t i = 0; i < kNumAccum; ++i) fence_operand(accum[i]);
-      wgmma_fence();
-      #pragma unroll
-      for (uint32_t k = 0; k < 4; ++k) {
-        const uint64_t da = smem_desc_sw128_from_lo(desc_a0 + (s * Smem::kA + (row_off(v) - row_off(0)) * 128 + k * 32) / 16);
-        const uint64_t db = smem_desc_sw128_from_lo(desc_b0 + (s * Smem::kB + k * 32) / 16);
-        WgmmaFp8<BLOCK_N>::mma(accum, da, db, k > 0 ? 1u : 0u);
-      }
-      wgmma_commit_group();
+      wgmma_fp8_k128<BLOCK_N, kNumAccum>(accum, desc_a0 + (s * Smem::kA + (row_off(v) - row_off(0)) * 128) / 16,
+                                         desc_b0 + s * Smem::kB / 16);
     };
 
     while (scheduler.next(tile)) {

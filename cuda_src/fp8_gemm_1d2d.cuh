@@ -506,16 +506,8 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
         // Issue the four k32 WGMMAs of one stage for sub-tile v into `acc`
         // (the first clears it) and commit them as one group.
         auto issue_mma = [&](float* acc, uint32_t s, uint32_t v) {
-          #pragma unroll
-          for (uint32_t i = 0; i < kNumAccum; ++i) fence_operand(acc[i]);
-          wgmma_fence();
-          #pragma unroll
-          for (uint32_t k = 0; k < 4; ++k) {
-            const uint64_t da = smem_desc_sw128_from_lo(desc_a0 + (s * Smem::kA + (row_off(v) - row_off(0)) * 128 + k * 32) / 16);
-            const uint64_t db = smem_desc_sw128_from_lo(desc_b0 + (s * Smem::kB + k * 32) / 16);
-            WgmmaFp8<BLOCK_N>::mma(acc, da, db, k > 0 ? 1u : 0u);
-          }
-          wgmma_commit_group();
+          wgmma_fp8_k128<BLOCK_N, kNumAccum>(acc, desc_a0 + (s * Smem::kA + (row_off(v) - row_off(0)) * 128) / 16,
+                                             desc_b0 + s * Smem::kB / 16);
         };
         // After a wait: the accumulator's values are final from here on
         // (keeps the compiler from reading them earlier).

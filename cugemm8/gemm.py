@@ -207,10 +207,10 @@ def _first_overlap(span: tuple, arrays: dict):
     return None
 
 
-def _check_no_alias(out, inputs: dict):
+def _check_no_alias(out, inputs: dict, out_name: str = "out"):
     name = _first_overlap(_span(out), inputs)
     if name is not None:
-        raise ValueError(f"out overlaps {name} in memory; the output must not alias an input")
+        raise ValueError(f"{out_name} overlaps {name} in memory; the output must not alias an input")
 
 
 def _pair(name: str, pair):
@@ -226,20 +226,21 @@ def _unpack(lhs, rhs, a_ndim: int, b_ndim: int, cupy):
     return (_as_fp8("lhs[0] (a)", a, a_ndim, cupy), sfa, _as_fp8("rhs[0] (b)", b, b_ndim, cupy), sfb)
 
 
-def _check_placement(out, inputs: dict, cupy) -> None:
-    """All arrays on the current device; ``out`` overlapping none of the inputs."""
-    check_on_current_device({**inputs, "out": out}, cupy)
-    _check_no_alias(out, inputs)
+def _check_placement(out, inputs: dict, cupy, out_name: str = "out") -> None:
+    """All arrays on the current device; ``out`` (called ``out_name`` in
+    the messages) overlapping none of the inputs."""
+    check_on_current_device({**inputs, out_name: out}, cupy)
+    _check_no_alias(out, inputs, out_name)
 
 
-def _prepare_sfa(sfa, cupy):
+def _prepare_sfa(sfa, cupy, name: str = "sfa"):
     if is_tma_aligned_mn_major(sfa):
         return sfa
     refuse_temporary_under_capture(
-        "sfa is not in the MN-major TMA-aligned layout the kernel reads, so this call would convert "
+        f"{name} is not in the MN-major TMA-aligned layout the kernel reads, so this call would convert "
         "it into a temporary",
-        "convert it once before capturing with sfa = cugemm8.get_col_major_tma_aligned_tensor(sfa) "
-        "(the GPU quantisers already return that layout) and capture the call on the result", cupy)
+        f"convert it once before capturing with {name} = cugemm8.get_col_major_tma_aligned_tensor({name}) "
+        "(the forward GPU quantisers already return that layout) and capture the call on the result", cupy)
     return get_col_major_tma_aligned_tensor(sfa)
 
 

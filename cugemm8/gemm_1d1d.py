@@ -13,23 +13,29 @@ every GPU result is checked against
 :func:`~cugemm8.reference.training.error_bound_1d1d` in the tests).  For a
 linear layer ``y = x @ w.T`` the weight gradient ``dW = dY^T X`` is this GEMM
 with K = tokens: ``A, SFA = per_token_cast_to_fp8_t(dy)`` and ``B, SFB =
-per_token_cast_to_fp8_t(x)``.
+per_token_cast_to_fp8_t(x)``.  Those quantisers return row-major
+(K-major) scales; the kernel reads MN-major ones, so each call converts
+them (a small copy kernel and a temporary each; refused under CUDA-graph
+capture): convert once with :func:`cugemm8.get_col_major_tma_aligned_tensor`
+when the same operands are used more than once or captured.
 
 Operand rules
 -------------
 * ``a [m, k]`` / ``b [n, k]``: CuPy ``uint8`` e4m3fn bits (or a
   ``float8_e4m3fn`` view), K-major, the TMA rules of :mod:`cugemm8.gemm`
   (last stride 1, other strides positive multiples of 16 bytes, base 16-byte
-  aligned); ``k`` a multiple of 16 (a tail below 128 is zero-filled by TMA).
+  aligned); ``k`` a multiple of 16 and at most 2^31 - 128 (a tail below 128
+  is zero-filled by TMA); ``m`` and ``n`` below 2^31.
 * ``sfa [m, ceil(k/128)]`` and ``sfb [n, ceil(k/128)]`` float32, any strides:
   the MN-major TMA-aligned layout (:func:`cugemm8.get_col_major_tma_aligned_tensor`)
   is read as is, any other is converted inside the call (refused under
   CUDA-graph capture, as for the 1D2D ops).
 * ``d``: float32, C-contiguous, ``[m, n]`` (``[g, m, n]`` k-grouped), 8-byte
   aligned; ``n`` a multiple of 8.  ``c`` (optional): float32 with ``d``'s
-  shape, C-contiguous; ``c is d`` accumulates in place (gradient
-  accumulation); otherwise ``c`` must not overlap ``d``.  No input may
-  overlap ``d``.
+  shape, C-contiguous, 8-byte aligned; ``c is d`` (or any array header over
+  exactly d's memory, e.g. ``d[...]`` or a second DLPack wrapper of the
+  same tensor) accumulates in place (gradient accumulation); otherwise ``c``
+  must not overlap ``d``.  No input may overlap ``d``.
 * Degenerate sizes: ``m == 0`` or ``n == 0`` launch nothing; ``k == 0``
   stores ``c`` (or zeros).
 """
@@ -73,22 +79,56 @@ def _check_d(name: str, x, shape: tuple, cupy) -> None:
         raise ValueError(f"{name} base address {x.data.ptr:#x} must be 8-byte aligned")
 
 
-def _check_c(c, d, cupy) -> None:
-    """``c`` is None, ``d`` itself, or a float32 array of d's shape that does not overlap d."""
+def _check_c(c, d, cupy):
+    """``c`` as the kernel takes it: None; ``d`` itself for in-place
+    accumulation (``c is d``, or another array header over exactly d's
+    memory: same address, shape, strides and dtype, e.g. ``d[...]`` or a
+    second DLPack wrapper of the same tensor); or a float32 array of d's
+    shape that does not overlap d."""
     if c is None or c is d:
-        return
+        return c
     _check_d("c", c, tuple(d.shape), cupy)
+    if c.data.ptr == d.data.ptr and c.strides == d.strides and c.device.id == d.device.id:
+        return d
     if c.size and d.size and _first_overlap(_span(d), {"c": c}) is not None:
         raise ValueError("c overlaps d in memory without being d; pass c=d to accumulate in place")
+    return c
+
+
+#: The largest K (tokens): the kernel's TMA K coordinate (128 * K block) is an int32.
+MAX_K = 2 ** 31 - 128
 
 
 def _check_n_k(n: int, k: int) -> None:
-    """The 1D1D rules on n and k (no upper bound on k: the kernel keeps no
-    per-K state in shared memory, unlike the 1D2D kernel's B-scale copies)."""
+    """The 1D1D rules on n and k (no shared-memory bound on k: the kernel
+    keeps no per-K state in shared memory, unlike the 1D2D kernel's B-scale
+    copies; K coordinates are int32)."""
     if k < 0 or k % 16:
         raise ValueError(f"k = {k} must be a non-negative multiple of 16 (16-byte FP8 rows for TMA)")
+    if k > MAX_K:
+        raise ValueError(f"k = {k} must be at most 2^31 - 128 (the kernel's TMA K coordinates are int32)")
     if n < 0 or n % 8:
         raise ValueError(f"n = {n} must be a non-negative multiple of 8")
+
+
+def _nothing_to_multiply(m: int, n: int, k: int, d, c, inputs: dict, cupy) -> bool:
+    """The checks both ops end with (sizes within TMA's int32 coordinates;
+    every array on the current device; d overlapping no input, and c only
+    as d itself), then the degenerate sizes: True when the call is done
+    without a GEMM (``m == 0`` or ``n == 0``: nothing; ``k == 0``: ``d = c``
+    or zeros, the empty sum)."""
+    if m > _INT32_MAX or n > _INT32_MAX:
+        raise ValueError(f"m = {m} and n = {n} must be below 2^31 (TMA coordinates are int32)")
+    _check_placement(d, {**inputs, **({"c": c} if c is not None and c is not d else {})}, cupy, out_name="d")
+    if m == 0 or n == 0:
+        return True
+    if k == 0:
+        if c is None:
+            d[...] = 0
+        elif c is not d:
+            d[...] = c
+        return True
+    return False
 
 
 def _operands(lhs, rhs, cupy):
@@ -123,7 +163,7 @@ def get_gemm_1d1d_config(m: int, n: int, k: int, *, num_groups: int = 1, with_c:
     if _forced:
         return _forced[-1]
     if num_sms is None:
-        num_sms = _device.get_num_sms()
+        num_sms = _device.get_num_sms(_device.require_hopper())
     return _config_1d1d.select_config(m, n, k, num_groups=num_groups, num_sms=num_sms, with_c=with_c)
 
 
@@ -191,21 +231,11 @@ def fp8_gemm_nt(a: tuple[cupy.ndarray, cupy.ndarray], b: tuple[cupy.ndarray, cup
     _check_f32("a[1] (sfa)", sfa, (m, kb), cupy)
     _check_f32("b[1] (sfb)", sfb, (n, kb), cupy)
     _check_d("d", d, (m, n), cupy)
-    _check_c(c, d, cupy)
-    if m > _INT32_MAX or n > _INT32_MAX:
-        raise ValueError(f"m = {m} and n = {n} must be below 2^31 (TMA coordinates are int32)")
-    inputs = {"a": a, "sfa": sfa, "b": b, "sfb": sfb}
-    _check_placement(d, {**inputs, **({"c": c} if c is not None and c is not d else {})}, cupy)
-    if m == 0 or n == 0:
-        return
-    if k == 0:
-        if c is None:
-            d[...] = 0
-        elif c is not d:
-            d[...] = c
+    c = _check_c(c, d, cupy)
+    if _nothing_to_multiply(m, n, k, d, c, {"a": a, "sfa": sfa, "b": b, "sfb": sfb}, cupy):
         return
     cfg = get_gemm_1d1d_config(m, n, k, with_c=c is not None)
-    sfa, sfb = _prepare_sfa(sfa, cupy), _prepare_sfa(sfb, cupy)
+    sfa, sfb = _prepare_sfa(sfa, cupy, "a[1] (sfa)"), _prepare_sfa(sfb, cupy, "b[1] (sfb)")
     _launch(cfg, _NORMAL, m, n, k, 1, a, sfa, b, sfb, d, c, None)
 
 
@@ -229,11 +259,15 @@ def k_grouped_fp8_gemm_nt_contiguous(a: tuple[cupy.ndarray, cupy.ndarray],
         d: float32 ``[g, m, n]``, C-contiguous, ``g = len(ks)``.
         ks: host sequence of ``g`` ints, each a non-negative multiple of 128
             (an expert with no tokens stores ``c[e]``, or zeros).
-        ks_tensor: int32 ``[g]`` on the device holding the same values (the
-            kernel reads the groups' extents from it); built from ``ks`` when
-            None, which is refused under CUDA-graph capture (pass it).  It is
-            trusted to equal ``ks``: a different one gives wrong values,
-            never an access outside the operands or ``d``.
+        ks_tensor: int32 ``[g]`` on the device holding the same values: the
+            kernel reads the groups' extents from it, so a captured CUDA
+            graph follows its contents at replay (they must stay
+            non-negative multiples of 128 summing to K; ``ks`` only
+            validates the call).  Built from ``ks`` when None, which is
+            refused under CUDA-graph capture (pass it).  Values that break
+            those rules give wrong results, never an access outside the
+            operands or ``d`` and never a longer K loop than the operands
+            have (each group's run is clamped to them).
         c: optional float32 ``[g, m, n]``; ``c is d`` accumulates in place.
 
     Raises:
@@ -244,8 +278,9 @@ def k_grouped_fp8_gemm_nt_contiguous(a: tuple[cupy.ndarray, cupy.ndarray],
         cugemm8.DeviceError: no usable Hopper GPU.
     """
     cupy = _device.import_cupy()
-    if isinstance(ks, (str, bytes)) or not hasattr(ks, "__len__"):
-        raise TypeError(f"ks must be a sequence of ints (tokens per group), got {type(ks).__name__}")
+    if not isinstance(ks, (list, tuple, range, np.ndarray)) or (isinstance(ks, np.ndarray) and ks.ndim != 1):
+        raise TypeError(f"ks must be a list, tuple, range or 1-D integer array of ints (tokens per group), "
+                        f"got {type(ks).__name__}")
     ks = [_config._as_int(f"ks[{i}]", v) for i, v in enumerate(ks)]
     g = len(ks)
     if g < 1:
@@ -264,20 +299,11 @@ def k_grouped_fp8_gemm_nt_contiguous(a: tuple[cupy.ndarray, cupy.ndarray],
     _check_f32("a[1] (sfa)", sfa, (m, kb), cupy)
     _check_f32("b[1] (sfb)", sfb, (n, kb), cupy)
     _check_d("d", d, (g, m, n), cupy)
-    _check_c(c, d, cupy)
+    c = _check_c(c, d, cupy)
     if ks_tensor is not None:
         _check_int32("ks_tensor", ks_tensor, (g,), cupy)
-    if m > _INT32_MAX or n > _INT32_MAX:
-        raise ValueError(f"m = {m} and n = {n} must be below 2^31 (TMA coordinates are int32)")
-    inputs = {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "ks_tensor": ks_tensor}
-    _check_placement(d, {**inputs, **({"c": c} if c is not None and c is not d else {})}, cupy)
-    if m == 0 or n == 0:
-        return
-    if k == 0:
-        if c is None:
-            d[...] = 0
-        elif c is not d:
-            d[...] = c
+    if _nothing_to_multiply(m, n, k, d, c, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "ks_tensor": ks_tensor},
+                            cupy):
         return
     cfg = get_gemm_1d1d_config(m, n, k, num_groups=g, with_c=c is not None)
     if ks_tensor is None:
@@ -285,5 +311,5 @@ def k_grouped_fp8_gemm_nt_contiguous(a: tuple[cupy.ndarray, cupy.ndarray],
             "ks_tensor was not given, so this call would copy ks to the device into a temporary",
             "pass ks_tensor = cupy.asarray(ks, dtype=cupy.int32), made once before capturing", cupy)
         ks_tensor = cupy.asarray(np.asarray(ks, np.int32))
-    sfa, sfb = _prepare_sfa(sfa, cupy), _prepare_sfa(sfb, cupy)
+    sfa, sfb = _prepare_sfa(sfa, cupy, "a[1] (sfa)"), _prepare_sfa(sfb, cupy, "b[1] (sfb)")
     _launch(cfg, _GROUPED_K, m, n, k, g, a, sfa, b, sfb, d, c, ks_tensor)

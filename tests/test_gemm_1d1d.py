@@ -199,8 +199,8 @@ def test_k_grouped_valid_calls():
 
 @pytest.mark.parametrize("ks,exc,match", [
     ([128, 100], ValueError, "multiple of 128"), ([128, -128], ValueError, "non-negative"),
-    ([], ValueError, "at least one"), ("128", TypeError, "sequence"), ([128.0], TypeError, "integer"),
-    (5, TypeError, "sequence"),
+    ([], ValueError, "at least one"), ("128", TypeError, "list, tuple"), ([128.0], TypeError, "integer"),
+    (5, TypeError, "list, tuple"), ({128: 1, 0: 2}, TypeError, "list, tuple"),
 ])
 def test_k_grouped_ks_rules(ks, exc, match):
     x = kargs((128, 128))
@@ -246,3 +246,23 @@ def test_kernels_compile_without_spills():
     if want_sass:
         assert "QGMMA" in rep.sass or "HGMMA" in rep.sass
         assert not re.findall(r"\bF(?:ADD|MUL|FMA)\S*\.FTZ\b", rep.sass)
+
+
+def test_k_bound_and_names_in_messages():
+    with pytest.raises(ValueError, match="2\\^31 - 128"):
+        call(**args(m=1, n=8, k=2 ** 31))
+    x = args()
+    x["d"] = cupy.ndarray((64, 256), np.float32, memptr=x["sfa"].data)
+    with pytest.raises(ValueError, match="^d overlaps"):
+        call(**x)
+
+
+def test_an_exact_view_of_d_as_c_is_in_place():
+    x = args()
+    for view in (x["d"][...], x["d"].view(), cupy.ndarray(x["d"].shape, np.float32, memptr=x["d"].data)):
+        with pytest.raises(ReachedLaunch):
+            call(**x, c=view)
+    ks = [128, 0, 256]
+    x = kargs(ks)
+    with pytest.raises(ReachedLaunch):
+        kcall(ks, **x, c=x["d"][...])

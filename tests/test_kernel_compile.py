@@ -107,11 +107,11 @@ def test_split_k_exchange_uses_cluster_scope(report):
     assert "mbarrier.arrive.release.cluster.shared::cluster.b64" in report.ptx
 
 
-def _compile_static_asserts(checks: list) -> None:
-    """One NVRTC compile (PTX, sm_90a) of the GEMM header followed by
+def _compile_static_asserts(checks: list, header: str = "fp8_gemm_1d2d.cuh") -> None:
+    """One NVRTC compile (PTX, sm_90a) of a GEMM header followed by
     ``checks``; a failed static_assert raises RuntimeError."""
     import cupy._core.core as core
-    src = _jit.build_source("fp8_gemm_1d2d.cuh") + "\n" + "\n".join(checks) + "\n"
+    src = _jit.build_source(header) + "\n" + "\n".join(checks) + "\n"
     opts = core.assemble_cupy_compiler_options(_jit.compile_options()) + (
         "-arch=compute_90a", "--device-as-default-execution-space")
     _jit._nvrtc_compile(src, opts, [], "ptx")
@@ -128,12 +128,29 @@ def test_smem_layout_matches_the_python_formula():
         for bm in _config.BLOCK_M_CANDIDATES:
             for bn in _config.candidate_block_ns(bm):
                 for splits in ((1, 2) if bm in _config.SPLIT_K_BLOCK_MS else (1,)):
-                    for stages in (2, 5, 16):
-                        t = f"cugemm8::SmemLayout<{k}u, {bm}u, {bn}u, {stages}u, {splits}u>"
-                        want = _config.smem_size(bm, bn, stages, k, splits)
-                        checks.append(f"static_assert({t}::kTotal == {want}u && {t}::kOffA % 1024 == 0 && "
-                                      f"{t}::kOffClusterBar % 8 == 0, \"{k} {bm} {bn} {stages} {splits}\");")
+                    for wgs in _config.math_warpgroup_options(bm):
+                        for stages in (2, 5, 16):
+                            t = f"cugemm8::SmemLayout<{k}u, {bm}u, {bn}u, {stages}u, {splits}u, {wgs}u>"
+                            want = _config.smem_size(bm, bn, stages, k, splits, wgs)
+                            checks.append(f"static_assert({t}::kTotal == {want}u && {t}::kOffA % 1024 == 0 && "
+                                          f"{t}::kOffClusterBar % 8 == 0, \"{k} {bm} {bn} {stages} {splits} {wgs}\");")
     _compile_static_asserts(checks)
+
+
+def test_1d1d_smem_layout_matches_the_python_formula():
+    """cugemm8/_config_1d1d.py smem_size against the 1D1D kernel's
+    SmemLayout1d1d (and its 1024-byte aligned stages) for every BLOCK_M and
+    BLOCK_N multiple of 8 up to 256 at several stage counts."""
+    from cugemm8 import _config_1d1d as C1
+    checks = []
+    for bm in C1.BLOCK_M_CANDIDATES:
+        for bn in range(8, 257, 8):
+            for stages in (2, 6, 16):
+                t = f"cugemm8::SmemLayout1d1d<{bm}u, {bn}u, {stages}u>"
+                want = C1.smem_size(bm, bn, stages)
+                checks.append(f"static_assert({t}::kTotal == {want}u && {t}::kOffB % 1024 == 0 && "
+                              f"{t}::kOffBar % 8 == 0, \"{bm} {bn} {stages}\");")
+    _compile_static_asserts(checks, header="fp8_gemm_1d1d.cuh")
 
 
 def test_split_k_skew_matches_the_python_rule():
@@ -143,7 +160,7 @@ def test_split_k_skew_matches_the_python_rule():
     checks = []
     for k in (256, 1792, 2048, 2288, 2304, 7168, 16384):
         for bm in _config.SPLIT_K_BLOCK_MS:
-            t = f"cugemm8::GemmTraits<2112u, {k}u, {bm}u, 32u, 6u, 1u, false, 64u, 0u, 1u, 2u>"
+            t = f"cugemm8::GemmTraits<2112u, {k}u, {bm}u, 32u, 6u, 1u, false, 64u, 0u, 1u, 2u, 2u>"
             skew = _config.split_k_skew(bm, k)
             half = -(-k // 128) // 2
             checks.append(f"static_assert({t}::kSplitSkew == {skew}u && {t}::kKBlocksRank0 == {half + skew}u "

@@ -25,3 +25,17 @@ def test_readme_example_runs():
     assert calc_diff < 1e-3, calc_diff
     one_call = ns["cugemm8"].gemm_fp8(x, w)
     assert bool(cp.all(one_call.view(cp.uint16) == out.view(cp.uint16)))
+
+
+def test_readme_training_example_runs():
+    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = re.search(r"## Example: a weight gradient in FP8 \(training\)\n\n```python\n(.*?)```", readme,
+                      re.S).group(1)
+    ns: dict = {}
+    exec(compile(block, "README.md", "exec"), ns)
+    cp, dw, x, dy = ns["cp"], ns["dw"], ns["x"], ns["dy"]
+    ref = dy.astype(cp.float64).T @ x.astype(cp.float64)
+    got = dw.astype(cp.float64)
+    den = float(cp.sum(got * got + ref * ref))
+    calc_diff = 1.0 - 2.0 * float(cp.sum(got * ref)) / den
+    assert calc_diff < 1e-3, calc_diff      # e4m3 rounding of both operands, as the forward example

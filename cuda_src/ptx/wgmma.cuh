@@ -46,4 +46,22 @@ __device__ __forceinline__ void wgmma_wait_group() {
 // the asynchronous WGMMA that reads and writes it.
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
+// The four k32 FP8 WGMMAs of one 128-wide K block into `acc` (the first
+// clears it), committed as one group: the GEMM kernels' per-stage MMA.
+// `a_lo` / `b_lo` are the low descriptor words (smem_desc_sw128_lo) of the
+// stage's A rows of this sub-tile and of its B tile; each k32 step moves 32
+// bytes along K inside the 128B-swizzled rows (2 in 16-byte units).
+template <uint32_t BLOCK_N, uint32_t kNumAccum>
+__device__ __forceinline__ void wgmma_fp8_k128(float* acc, uint32_t a_lo, uint32_t b_lo) {
+  #pragma unroll
+  for (uint32_t i = 0; i < kNumAccum; ++i) fence_operand(acc[i]);
+  wgmma_fence();
+  #pragma unroll
+  for (uint32_t k = 0; k < 4; ++k) {
+    WgmmaFp8<BLOCK_N>::mma(acc, smem_desc_sw128_from_lo(a_lo + k * 2), smem_desc_sw128_from_lo(b_lo + k * 2),
+                           k > 0 ? 1u : 0u);
+  }
+  wgmma_commit_group();
+}
+
 }  // namespace cugemm8

@@ -21,6 +21,11 @@ on every shape, each checked bit for bit against the heuristic's output
 first (every config promotes the same blocks in the same order), and prints
 the fastest per shape.
 
+The wgrad rows also time cuBLASLt's blockwise FP8 GEMM with 1x128 scales on
+both operands (torch's ``F.scaled_mm``, ``BlockWise1x128`` twice; BF16 out,
+so compared with cugemm8 at BF16 precision: ``common.torch_blockwise_1x128_gemm``)
+where torch supports it.
+
 Times: CUPTI kernel durations (torch.profiler), 256 MB L2 flush before each
 repetition, median; TFLOPS = 2 m n k / time.  Each output is checked first:
 cugemm8 against a float64 product on the GPU (calc_diff), DeepGEMM against
@@ -122,12 +127,13 @@ def main(argv=None) -> int:
                   + f"  -> best {best}", flush=True)
         return res
 
-    def record(kind, label, flops, cfg, ours, theirs, status):
+    def record(kind, label, flops, cfg, ours, theirs, status, cublaslt=None):
         rec = {"kind": kind, "shape": label, "config": cfg, "us": ours, "deepgemm_us": theirs,
-               "tflops": flops / ours / 1e6 if ours else None, "status": status}
+               "cublaslt_us": cublaslt, "tflops": flops / ours / 1e6 if ours else None, "status": status}
         records.append(rec)
         rows.append((kind, label, cfg, f"{ours:.1f}" if ours else "-", f"{rec['tflops']:.0f}" if ours else "-",
-                     f"{theirs:.1f}" if theirs else "-", f"{theirs / ours:.2f}" if ours and theirs else "-", status))
+                     f"{theirs:.1f}" if theirs else "-", f"{theirs / ours:.2f}" if ours and theirs else "-",
+                     f"{cublaslt / ours:.2f}" if ours and cublaslt else "-", status))
 
     for n_out, k_in in DEEPSEEK_NK[:6]:
         m, n, k = n_out, k_in, args.tokens
@@ -156,8 +162,18 @@ def main(argv=None) -> int:
         if forced:
             sweep(f"{m}x{n}x{k}", lambda c: cugemm8.fp8_gemm_nt((a, sfa), (b, sfb), d, c=d if c else None),
                   d, product)
+        lt = None
+        try:
+            run_lt = common.torch_blockwise_1x128_gemm(a, sfa, b, sfb)
+            got = common.torch_to_f64(run_lt(), m)[:, :n]
+            dl = common_calc_diff(cp, got, product)
+            if dl < 1e-4:
+                lt = _time(run_lt, args.reps, flush)
+            status += f"; cuBLASLt calc_diff {dl:.1e}"
+        except Exception as exc:
+            status += f"; cuBLASLt {type(exc).__name__}: {exc}"[:80]
         cfg = str(cugemm8.get_gemm_1d1d_config(m, n, k, with_c=True))
-        record("wgrad", f"{m}x{n}x{k}", 2 * m * n * k, cfg, ours, theirs, status)
+        record("wgrad", f"{m}x{n}x{k}", 2 * m * n * k, cfg, ours, theirs, status, lt)
         common.release_memory()
 
     for g, m, n, k_mean in K_GROUPED:
@@ -199,10 +215,14 @@ def main(argv=None) -> int:
         common.release_memory()
 
     print_table("1D1D GEMMs (FP32 out, c = d; CUPTI µs)",
-                ("kind", "shape", "config", "µs", "TFLOPS", "DeepGEMM µs", "xDG", "check"), rows)
+                ("kind", "shape", "config", "µs", "TFLOPS", "DeepGEMM µs", "xDG", "xcuBLASLt", "check"), rows)
     x = [r["deepgemm_us"] / r["us"] for r in records if r["us"] and r["deepgemm_us"]]
     if x:
         print(f"geomean xDeepGEMM {common.geomean(x):.3f} over {len(x)} (min {min(x):.2f})")
+    x = [r["cublaslt_us"] / r["us"] for r in records if r["us"] and r.get("cublaslt_us")]
+    if x:
+        print(f"geomean xcuBLASLt (1x128 x 1x128, BF16 out) {common.geomean(x):.3f} over {len(x)} "
+              f"(min {min(x):.2f})")
     if args.json:
         Path(args.json).write_text(json.dumps(records, indent=1))
     return 0

@@ -346,6 +346,55 @@ def torch_blockwise_gemm(a, sfa, b, sfb):
     return run
 
 
+def torch_blockwise_1x128_gemm(a, sfa, b, sfb):
+    """cuBLASLt's blockwise FP8 GEMM with 1x128 scales on both operands (the
+    1D1D recipe: the training backward's weight gradient), BF16 out, on the
+    SAME bytes as cugemm8's ``fp8_gemm_nt``: ``a`` uint8 [m, k], ``sfa``
+    float32 [m, kb], ``b`` uint8 [n, k], ``sfb`` float32 [n, kb] (CuPy, any
+    scale layout).  torch's v2 ``F.scaled_mm`` only (``ScalingType.BlockWise1x128``
+    for both); each scale is passed as its operand's rows-contiguous
+    [rows_pad4, kb] view (strides (1, rows_pad4)), the layout
+    :func:`torch_blockwise_gemm` uses for A's.  cuBLASLt writes BF16 only
+    here, so its output is compared with cugemm8's FP32 one at BF16
+    precision.  Raises RuntimeError when torch or the v2 API is unusable."""
+    torch, api = load_torch()
+    if torch is None:
+        raise RuntimeError(api)
+    if api != "F.scaled_mm":
+        raise RuntimeError(f"needs torch's v2 F.scaled_mm (found {api})")
+    F = torch.nn.functional
+    fp8 = torch.float8_e4m3fn
+    m, k = a.shape
+    n, kb = b.shape[0], sfa.shape[1]
+    m_pad, n_pad = -(-m // 4) * 4, -(-n // 4) * 4
+    keep = []
+    if m % 4 or not a.flags.c_contiguous:
+        a_buf = cp.zeros((m_pad, k), dtype=cp.uint8)
+        a_buf[:m] = a
+    else:
+        a_buf = a
+    if n % 4 or not b.flags.c_contiguous:
+        b_buf = cp.zeros((n_pad, k), dtype=cp.uint8)
+        b_buf[:n] = b
+    else:
+        b_buf = b
+    sa = cp.zeros((kb, m_pad), dtype=cp.float32)
+    sa[:, :m] = sfa.T
+    sb = cp.zeros((kb, n_pad), dtype=cp.float32)
+    sb[:, :n] = sfb.T
+    keep += [a_buf, b_buf, sa, sb]
+    t_a = torch.from_dlpack(a_buf).view(fp8)
+    t_b = torch.from_dlpack(b_buf).view(fp8).t()              # [k, n_pad] column-major
+    t_sa = torch.from_dlpack(sa).t()                           # [m_pad, kb], strides (1, m_pad)
+    t_sb = torch.from_dlpack(sb).t()                           # [n_pad, kb], strides (1, n_pad)
+    r = F.ScalingType.BlockWise1x128
+
+    def run():
+        return F.scaled_mm(t_a, t_b, t_sa, r, t_sb, r, output_dtype=torch.bfloat16)
+    run.keep = keep
+    return run
+
+
 def torch_to_f64(t, rows: int):
     """float64 CuPy copy of the first ``rows`` rows of a torch bf16 tensor."""
     return cp.from_dlpack(t[:rows].float().contiguous()).astype(cp.float64)

@@ -231,11 +231,28 @@ COMPILE = [(2048, 128, 128, 6, 0, 1), (7168, 256, 128, 4, 0, 1), (7168, 128, 160
            (7168, 256, 128, 4, 3, 4), (2048, 256, 96, 4, 3, 8), (1000, 128, 8, 12, 3, 3)]
 
 
+def _bench_picks():
+    """The instantiations the ops pick for benches/bench_training.py's shapes
+    (wgrad of the six DeepSeek-V3 linear layers at 4096 tokens, DeepGEMM's
+    k-grouped sizes), as (n, bm, bn, stages, gemm type, groups)."""
+    from cugemm8._shapes import DEEPSEEK_NK
+    picks = set()
+    for n_out, k_in in DEEPSEEK_NK[:6]:
+        c = C1.select_config(n_out, k_in, 4096, with_c=True)
+        picks.add((k_in, c.block_m, c.block_n, c.num_stages, 0, 1))
+    for g, m, n, k in ((4, 4096, 7168, 8192), (4, 7168, 2048, 8192), (8, 4096, 7168, 4096),
+                       (8, 7168, 2048, 4096), (16, 4096, 7168, 2048), (16, 7168, 2048, 2048)):
+        c = C1.select_config(m, n, g * k, num_groups=g, with_c=True)
+        picks.add((n, c.block_m, c.block_n, c.num_stages, 3, g))
+    return sorted(picks)
+
+
 @pytest.mark.compile
 def test_kernels_compile_without_spills():
     from cugemm8 import _jit
-    names = [f"cugemm8::fp8_gemm_1d1d_kernel<{n}, {bm}, {bn}, {s}, {t}, {g}>" for n, bm, bn, s, t, g in COMPILE]
-    for n, bm, bn, s, t, g in COMPILE:
+    todo = sorted(set(COMPILE) | set(_bench_picks()))
+    names = [f"cugemm8::fp8_gemm_1d1d_kernel<{n}, {bm}, {bn}, {s}, {t}, {g}>" for n, bm, bn, s, t, g in todo]
+    for n, bm, bn, s, t, g in todo:
         assert C1.is_legal(C1.make_config(bm, bn, s, 132))[0]
     want_sass = _jit.find_tool("ptxas") is not None and _jit.find_tool("cuobjdump") is not None
     rep = _jit.compile_only(G1._HEADER, names, sass=want_sass)

@@ -17,10 +17,13 @@ a ``#`` are ignored::
     normal        64    2112   7168
     contiguous    8192  4096   7168   4
     masked        256   7168   2048   4
+    wgrad         7168  2048   4096
+    k_grouped     4096  7168   32768  4
 
 ``m`` is the rows of A for ``normal``, m_sum (all groups, each padded to 128
 rows) for ``contiguous`` and expected_m for ``masked``: the values the kernel
-configuration is chosen from.  A file is JSON when its first non-blank
+configuration is chosen from.  The training kinds (:data:`KINDS_1D1D`) give
+the FP32 output ``[m, n]`` (per group) and ``k`` tokens (in all).  A file is JSON when its first non-blank
 character is ``[``.  Instead of a file, a preset names a list: ``@check`` /
 ``@check-quick`` (the shapes ``cugemm8 check`` (``--quick``) runs),
 ``@normal``, ``@decode`` and ``@grouped`` (the benchmark tables; see
@@ -48,6 +51,14 @@ GROUP_SIZE_SPREAD = (0.7, 1.3)
 GROUP_ALIGN = 128
 
 KINDS = ("normal", "contiguous", "masked")
+#: The training kinds (the 1D1D FP32-out kernel, ``cuda_src/fp8_gemm_1d1d.cuh``):
+#: ``wgrad`` (``cugemm8.fp8_gemm_nt`` with an FP32 ``d``: D ``[m, n]`` over K
+#: = ``k`` tokens) and ``k_grouped`` (``k_grouped_fp8_gemm_nt_contiguous``:
+#: ``num_groups`` outputs ``[m, n]``, ``k`` the total tokens, a multiple of
+#: 128).  Shapes files, ``cugemm8 warmup`` and ``cugemm8 configs`` take them;
+#: ``cugemm8 tune`` and ``check`` cover :data:`KINDS` only.
+KINDS_1D1D = ("wgrad", "k_grouped")
+ALL_KINDS = KINDS + KINDS_1D1D
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +79,7 @@ class Shape:
 
     def label(self) -> str:
         dims = f"{self.m}x{self.n}x{self.k}"
-        return dims if self.kind == "normal" else f"{self.num_groups}x{dims}"
+        return dims if self.kind in ("normal", "wgrad") else f"{self.num_groups}x{dims}"
 
 
 def check_shapes(quick: bool = False) -> list[Shape]:
@@ -141,8 +152,8 @@ def preset_shapes(name: str) -> list[Shape]:
 
 
 def _validate(where: str, kind, vals, item) -> Shape:
-    if kind not in KINDS:
-        raise ValueError(f"{where}: kind must be normal, contiguous or masked, got {kind!r}")
+    if kind not in ALL_KINDS:
+        raise ValueError(f"{where}: kind must be one of {', '.join(ALL_KINDS)}, got {kind!r}")
     if any(isinstance(v, bool) or not isinstance(v, int) for v in vals):
         raise ValueError(f"{where}: m, n, k, num_groups must be integers, got {item}")
     m, n, k, g = vals
@@ -150,6 +161,11 @@ def _validate(where: str, kind, vals, item) -> Shape:
     if m < 0 or g < 1 or n <= 0 or n % 8 or k <= 0 or k % 16:
         raise ValueError(f"{where}: need m >= 0, num_groups >= 1, n a positive multiple of 8 "
                          f"and k a positive multiple of 16, got {item}")
+    if kind == "k_grouped" and k % 128:
+        raise ValueError(f"{where}: a k_grouped shape's k (the total tokens of its groups, each a "
+                         f"multiple of 128) must be a multiple of 128, got {item}")
+    if kind == "wgrad" and g != 1:
+        raise ValueError(f"{where}: a wgrad shape has one group, got {item}")
     return Shape(kind, *vals)
 
 

@@ -505,3 +505,39 @@ def test_shapes_file_edge_cases_are_named(tmp_path):
             _shapes.load_shapes(str(tmp_path / name))
     with pytest.raises(ValueError, match="presets are @check, @check-quick"):
         _shapes.load_shapes("@nope")
+
+
+def test_training_kinds_in_shapes_files(tmp_path, capsys):
+    """wgrad and k_grouped shapes: parsed (k_grouped's k a multiple of 128,
+    wgrad one group), planned by warmup as the 1D1D kernels the ops pick
+    with and without c, shown by configs, skipped by tune with a note."""
+    path = tmp_path / "train.txt"
+    path.write_text("wgrad 7168 2048 4096\nk_grouped 4096 7168 32768 4\nnormal 64 2112 7168\n")
+    shapes = cli.load_shapes(str(path))
+    assert [s.kind for s in shapes] == ["wgrad", "k_grouped", "normal"]
+    assert shapes[0].label() == "7168x2048x4096" and shapes[1].label() == "4x4096x7168x32768"
+    for bad in ("k_grouped 4096 7168 1000 4\n", "wgrad 64 2048 4096 2\n"):
+        (tmp_path / "bad.txt").write_text(bad)
+        with pytest.raises(ValueError):
+            cli.load_shapes(str(tmp_path / "bad.txt"))
+    jobs, errors = cli.plan_warmup(shapes, 132)
+    assert not errors
+    headers = sorted({j.header or "" for j in jobs})
+    assert headers == ["", "fp8_gemm_1d1d.cuh"], headers
+    one_d = [j for j in jobs if j.header == "fp8_gemm_1d1d.cuh"]
+    assert all("fp8_gemm_1d1d_kernel<" in j.name for j in one_d) and len(one_d) >= 2
+    assert any(", 3, 4>" in j.name for j in one_d)                  # k-grouped, 4 groups
+    assert cli.main(["configs", "--shapes", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "wgrad" in out and "k_grouped" in out and "128x160" in out
+
+
+@pytest.mark.compile
+def test_warmup_compile_only_training_shape(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "w.txt"
+    path.write_text("wgrad 2112 7168 4096\n")
+    rc = cli.main(["warmup", "--shapes", str(path), "--compile-only", "--no-quant"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert len(list((tmp_path / "cache" / "cugemm8").glob("*.cubin"))) >= 1

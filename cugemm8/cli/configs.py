@@ -12,20 +12,43 @@ from ._common import _positive_int, load_shapes_or_report
 def cmd_configs(args) -> int:
     """``cugemm8 configs``: the heuristic's choices, as a table (no GPU)."""
     from .. import _config
+    training = []
     if args.shapes:
         shapes = load_shapes_or_report(args.shapes, "configs")
         if shapes is None:
             return 2
-        cases = [(s.kind, s.num_groups, s.m, s.n, s.k) for s in shapes]
+        cases = [(s.kind, s.num_groups, s.m, s.n, s.k) for s in shapes if s.kind in _config.KINDS]
+        training = [s for s in shapes if s.kind not in _config.KINDS]
     else:
         cases = _config.BENCHMARK_CASES
     try:
-        print(_config.format_table(cases, num_sms=args.num_sms))
+        if cases:
+            print(_config.format_table(cases, num_sms=args.num_sms))
+        if training:
+            print(("\n" if cases else "") + training_table(training, args.num_sms))
     except (TypeError, ValueError) as exc:
         print(f"cugemm8 configs: {exc}", file=sys.stderr)
         return 2
     _print_tuned(cases, args.num_sms)
     return 0
+
+
+def training_table(shapes, num_sms: int) -> str:
+    """The 1D1D kernel's picks (cugemm8/_config_1d1d.py) for the training
+    shapes (``wgrad``, ``k_grouped``), without and with ``c``."""
+    from .. import _config_1d1d
+    head = ("kind", "G", "m", "n", "k", "config", "with c", "smem")
+    rows = []
+    for s in shapes:
+        cfg = _config_1d1d.select_config(s.m, s.n, s.k, num_groups=s.num_groups, num_sms=num_sms)
+        with_c = _config_1d1d.select_config(s.m, s.n, s.k, num_groups=s.num_groups, num_sms=num_sms, with_c=True)
+        rows.append((s.kind, str(s.num_groups), str(s.m), str(s.n), str(s.k), str(cfg),
+                     "same" if with_c == cfg else str(with_c), str(cfg.smem_bytes)))
+    widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
+
+    def fmt(r):
+        return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
 
 
 def _us(value) -> str:
@@ -70,7 +93,8 @@ def tuned_rows(cases, num_sms: int, entries: list, env_here: dict | None) -> lis
         c = e["config"]
         tag = " k2" if c["num_k_splits"] == 2 else (
             (" c2A" if c["multicast_on_a"] else " c2B") if c["num_multicast"] == 2 else "")
-        tuned = f"{c['block_m']}x{c['block_n']} s{c['num_stages']}{tag} sms{c['num_sms']}"
+        wg = " w1" if c.get("num_math_warpgroups", 2) == 1 else ""
+        tuned = f"{c['block_m']}x{c['block_n']} s{c['num_stages']}{wg}{tag} sms{c['num_sms']}"
         us = e.get("us")
         h_us = e.get("heuristic_us")
         rows.append((kind, str(g), str(m), str(n), str(k), str(heur), tuned, _us(h_us), _us(us),

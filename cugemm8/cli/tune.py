@@ -74,6 +74,10 @@ def cmd_tune(args) -> int:
         print(f"cugemm8 tune: unknown kind(s) {', '.join(bad)}; choose from {', '.join(KINDS)}",
               file=sys.stderr)
         return 2
+    skipped = [s for s in shapes if s.kind not in KINDS]
+    if skipped:
+        print(f"cugemm8 tune: skipping {len(skipped)} training shape(s) ({', '.join(sorted({s.kind for s in skipped}))}): "
+              f"tune covers the 1D2D kinds {', '.join(KINDS)}", file=sys.stderr)
     shapes = [s for s in shapes if s.kind in kinds]
     if not shapes:
         print("cugemm8 tune: no shapes of the chosen kinds", file=sys.stderr)

@@ -47,19 +47,32 @@ def _header(job: WarmupJob) -> str:
 
 
 def plan_warmup(shapes: list[Shape], num_sms: int) -> tuple[list[WarmupJob], list[str]]:
-    """Distinct GEMM kernels the shapes need, and one error line per bad shape."""
-    from .. import _config, gemm
+    """Distinct GEMM kernels the shapes need, and one error line per bad shape.
+
+    A training shape (``wgrad``, ``k_grouped``) needs the 1D1D kernel the ops
+    pick with and without ``c`` (the choice may differ)."""
+    from .. import _config, _config_1d1d, gemm, gemm_1d1d
     jobs: dict[str, WarmupJob] = {}
     errors = []
     for s in shapes:
         try:
-            cfg = _config.select_config(s.kind, s.m, s.n, s.k, num_groups=s.num_groups, num_sms=num_sms)
-            name = gemm._kernel_name(cfg, s.n, s.k, gemm._GEMM_TYPE[s.kind], s.num_groups)
+            if s.kind in ("wgrad", "k_grouped"):
+                todo = []
+                for with_c in (False, True):
+                    cfg = _config_1d1d.select_config(s.m, s.n, s.k, num_groups=s.num_groups, num_sms=num_sms,
+                                                     with_c=with_c)
+                    gt = gemm_1d1d._GROUPED_K if s.kind == "k_grouped" else gemm_1d1d._NORMAL
+                    todo.append((gemm_1d1d._kernel_name(cfg, s.n, gt, s.num_groups), cfg, gemm_1d1d._HEADER))
+            else:
+                cfg = _config.select_config(s.kind, s.m, s.n, s.k, num_groups=s.num_groups, num_sms=num_sms)
+                todo = [(gemm._kernel_name(cfg, s.n, s.k, gemm._GEMM_TYPE[s.kind], s.num_groups), cfg, None)]
         except Exception as exc:
             errors.append(f"{s.kind} {s.label()}: {type(exc).__name__}: {exc}")
             continue
-        job = jobs.setdefault(name, WarmupJob(name, str(cfg), cfg.smem_bytes, []))
-        job.shapes.append(f"{s.kind} {s.label()}")
+        for name, cfg, header in todo:
+            job = jobs.setdefault(name, WarmupJob(name, str(cfg), cfg.smem_bytes, [], header=header))
+            if f"{s.kind} {s.label()}" not in job.shapes:
+                job.shapes.append(f"{s.kind} {s.label()}")
     return list(jobs.values()), errors
 
 

@@ -5,6 +5,7 @@ the NumPy oracle :mod:`cugemm8.reference` and :func:`get_gemm_config` with
 ``num_sms`` given need no GPU.
 """
 from ._config import GemmConfig
+from ._config_1d1d import Gemm1d1dConfig
 from ._device import DeviceError
 from ._device import get_num_sms
 from ._device import set_num_sms
@@ -33,7 +34,7 @@ from . import reference
 __version__ = "0.11.0"
 
 __all__ = [
-    "DeviceError", "GemmConfig", "cast_transpose_block_fp8", "fp8_gemm_nt", "gemm_fp8", "gemm_fp8_fp8_bf16_nt",
+    "DeviceError", "Gemm1d1dConfig", "GemmConfig", "cast_transpose_block_fp8", "fp8_gemm_nt", "gemm_fp8", "gemm_fp8_fp8_bf16_nt",
     "gemm_fp8_workspace_bytes", "get_col_major_tma_aligned_tensor", "get_gemm_1d1d_config", "get_gemm_config",
     "get_m_alignment_for_contiguous_layout", "get_num_sms", "get_pdl", "interop",
     "k_grouped_fp8_gemm_nt_contiguous", "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous",

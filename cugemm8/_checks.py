@@ -12,7 +12,8 @@ def check_device_array(name: str, x, cupy) -> None:
         return
     if isinstance(x, np.ndarray):
         raise TypeError(f"{name} is a NumPy (host) array; cugemm8 needs CuPy device arrays "
-                        f"(use cupy.asarray({name}))")
+                        f"(use cupy.asarray({name}) on a machine with a Hopper GPU; without one, "
+                        f"cugemm8.reference has a NumPy version of every op)")
     raise TypeError(f"{name} must be a cupy.ndarray, got {type(x).__name__}")
 
 

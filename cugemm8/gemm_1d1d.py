@@ -70,7 +70,8 @@ def _kernel_name(cfg: _config_1d1d.Gemm1d1dConfig, n: int, gemm_type: int, num_g
 def _check_d(name: str, x, shape: tuple, cupy) -> None:
     check_device_array(name, x, cupy)
     if x.dtype != np.float32:
-        raise TypeError(f"{name} must be float32 (the 1D1D GEMM's output), got {x.dtype}")
+        extra = " (a bfloat16 d runs the 1D2D GEMM, fp8_gemm_nt's other form)" if name == "d" else ""
+        raise TypeError(f"{name} must be float32 (the 1D1D GEMM's output), got {x.dtype}{extra}")
     if tuple(x.shape) != shape:
         raise ValueError(f"{name} must have shape {list(shape)}, got {list(x.shape)}")
     if x.size and not x.flags.c_contiguous:
@@ -157,9 +158,13 @@ def _forced_config(cfg: _config_1d1d.Gemm1d1dConfig):
 
 def get_gemm_1d1d_config(m: int, n: int, k: int, *, num_groups: int = 1, with_c: bool = False,
                          num_sms: int | None = None) -> _config_1d1d.Gemm1d1dConfig:
-    """The kernel configuration the 1D1D ops launch for D ``[m, n]`` (per
-    group) and total K ``k`` (see :mod:`cugemm8._config_1d1d`); ``num_sms``
-    defaults to the current device's budget (:func:`cugemm8.set_num_sms`)."""
+    """The kernel configuration (:class:`cugemm8.Gemm1d1dConfig`) the 1D1D
+    ops launch for D ``[m, n]`` (per group) and total K ``k`` (the rules and
+    the cost model are in ``cugemm8/_config_1d1d.py``); ``with_c``: whether
+    ``c`` is given.  ``num_sms`` defaults to the current device's budget
+    (:func:`cugemm8.set_num_sms`), which needs a GPU: without one, pass
+    ``num_sms``, or this raises :class:`cugemm8.DeviceError`.  Raises
+    ``ValueError`` / ``TypeError`` for negative or non-integer sizes."""
     if _forced:
         return _forced[-1]
     if num_sms is None:
@@ -207,8 +212,12 @@ def fp8_gemm_nt(a: tuple[cupy.ndarray, cupy.ndarray], b: tuple[cupy.ndarray, cup
         c: optional float32 ``[m, n]`` (C-contiguous) added to the product,
             ``d = fl32(c + acc)``; ``c is d`` accumulates in place.
 
-    Requirements: ``k % 16 == 0``, ``n % 8 == 0``; see the module docstring
-    for strides, alignment and degenerate sizes.
+    Requirements: ``k % 16 == 0`` and ``k <= 2^31 - 128``, ``n % 8 == 0``,
+    ``m, n < 2^31``; see the module docstring for strides, alignment and
+    degenerate sizes.  Scales not already MN-major TMA-aligned (the
+    transposing quantisers return row-major ones) are converted inside each
+    call, which is refused under CUDA-graph capture: convert them once with
+    :func:`cugemm8.get_col_major_tma_aligned_tensor`.
 
     Raises:
         TypeError: wrong container or dtype.
@@ -269,6 +278,10 @@ def k_grouped_fp8_gemm_nt_contiguous(a: tuple[cupy.ndarray, cupy.ndarray],
             operands or ``d`` and never a longer K loop than the operands
             have (each group's run is clamped to them).
         c: optional float32 ``[g, m, n]``; ``c is d`` accumulates in place.
+
+    Scales not already MN-major TMA-aligned are converted inside each call
+    (refused under CUDA-graph capture): convert them once with
+    :func:`cugemm8.get_col_major_tma_aligned_tensor`.
 
     Raises:
         TypeError: wrong container, dtype, or ``ks`` not a sequence of ints.

@@ -420,8 +420,9 @@ def per_token_cast_to_fp8_t(x: cupy.ndarray, *, min_amax: float = _DEFAULT_MIN_A
     channel ``c`` and each group of 128 tokens (the token tail zero-padded),
     the recipe of :func:`per_token_cast_to_fp8`.  Bit-identical to
     :func:`cugemm8.reference.per_token_cast_to_fp8_t` (which is
-    ``per_token_cast_to_fp8(x.T)``), in one pass over ``x``: each 128x128
-    tile is read once and leaves transposed.
+    ``per_token_cast_to_fp8(x.T)``) on its ``m`` columns (the reference
+    returns ``[k, m]``; here each row is padded to ``m_pad`` with zeros), in
+    one pass over ``x``: each 128x128 tile is read once and leaves transposed.
 
     Requirements:
         As :func:`per_token_cast_to_fp8` (float32 / float16 / bfloat16 CuPy

@@ -297,16 +297,21 @@ def regression(be, rng, steps: int, tokens: int, k: int, n: int, lr: float):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cpu", action="store_true", help="run on cugemm8.reference (NumPy), no GPU")
-    p.add_argument("--jax", action="store_true", help="part 1 with JAX arrays through DLPack (GPU)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--cpu", action="store_true", help="run on cugemm8.reference (NumPy), no GPU")
+    mode.add_argument("--jax", action="store_true", help="part 1 with JAX arrays through DLPack (GPU)")
     p.add_argument("--tokens", type=int, default=None, help="tokens of part 1 (default 512 GPU, 256 CPU)")
-    p.add_argument("--steps", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=16, help="gradient-descent steps of part 3 (>= 2)")
+    p.add_argument("--seed", type=int, default=0, help="seed of every random input")
     args = p.parse_args(argv)
+    if args.steps < 2:
+        p.error(f"--steps must be at least 2, got {args.steps}")
+    if args.tokens is not None and args.tokens < 1:
+        p.error(f"--tokens must be positive, got {args.tokens}")
     rng = np.random.default_rng(args.seed)
     if args.cpu:
         be = CpuBackend()
-        hidden, inter, tokens = 512, 256, args.tokens or 256
+        hidden, inter, tokens = 512, 256, args.tokens if args.tokens is not None else 256
         moe = dict(g=4, n=256, k=512, counts=[150, 0, 300, 77])
         reg = dict(tokens=512, k=256, n=128)
     else:
@@ -316,7 +321,7 @@ def main(argv=None) -> int:
             print(f"no usable Hopper GPU ({reason}); run with --cpu for the reference backend")
             return 2
         be = GpuBackend()
-        hidden, inter, tokens = 7168, 2048, args.tokens or 512      # a DeepSeek-V3 expert MLP
+        hidden, inter, tokens = 7168, 2048, args.tokens if args.tokens is not None else 512   # a DeepSeek-V3 expert MLP
         moe = dict(g=6, n=2048, k=7168, counts=[300, 0, 517, 128, 1000, 64])   # float64 checks on the host
         reg = dict(tokens=2048, k=1024, n=512)
     print(f"backend: {be.name}")
@@ -355,7 +360,9 @@ def main(argv=None) -> int:
     worst = {"y": 0.0, "dx": 0.0, "dW": 0.0}
     for e, c in enumerate(moe["counts"]):
         if c == 0:
-            ok &= bool(np.all(dws[e] == 0))              # an expert with no tokens has a zero gradient
+            zero = bool(np.all(dws[e] == 0))              # an expert with no tokens has a zero gradient
+            ok &= zero
+            print(f"  expert {e} has no tokens: its dW is {'zero, ok' if zero else 'NOT zero: FAIL'}")
             continue
         worst["y"] = max(worst["y"], rel(ys[e], xs[e] @ ws[e].T))
         worst["dx"] = max(worst["dx"], rel(dxs[e], dys[e] @ ws[e]))
@@ -367,13 +374,15 @@ def main(argv=None) -> int:
     # Part 3
     fp8, ref = regression(be, rng, args.steps, reg["tokens"], reg["k"], reg["n"], lr=0.2)
     dev = max(abs(a - b) for a, b in zip(fp8, ref))
-    ok &= dev <= LOSS_TOLERANCE and fp8[-1] < 0.01 and ref[-1] < 0.01
+    converged = fp8[-1] < 0.01 and ref[-1] < 0.01
+    ok &= dev <= LOSS_TOLERANCE and converged
     print(f"part 3: regression {reg['tokens']} x {reg['k']} -> {reg['n']}, {args.steps} steps; "
           f"loss / initial loss")
     print("  step  " + " ".join(f"{i:>8d}" for i in range(len(fp8))))
     print("  FP8   " + " ".join(f"{v:8.4f}" for v in fp8))
     print("  BF16  " + " ".join(f"{v:8.4f}" for v in ref))
     print(f"  largest difference {dev:.5f} of the initial loss {'ok' if dev <= LOSS_TOLERANCE else 'FAIL'}")
+    print(f"  final loss below 1 % of the initial one in both runs: {'ok' if converged else 'FAIL (more --steps?)'}")
     print("all checks passed" if ok else "SOME CHECKS FAILED")
     return 0 if ok else 1
 

@@ -35,9 +35,10 @@ def cmd_configs(args) -> int:
 
 def training_table(shapes, num_sms: int) -> str:
     """The 1D1D kernel's picks (cugemm8/_config_1d1d.py) for the training
-    shapes (``wgrad``, ``k_grouped``), without and with ``c``."""
+    shapes (``wgrad``, ``k_grouped``): the config without ``c``, and in
+    "with c" the one chosen when ``c`` is given ("same" when they agree)."""
     from .. import _config_1d1d
-    head = ("kind", "G", "m", "n", "k", "config", "with c", "smem")
+    head = ("kind", "G", "m", "n", "k", "config (no c)", "with c", "smem")
     rows = []
     for s in shapes:
         cfg = _config_1d1d.select_config(s.m, s.n, s.k, num_groups=s.num_groups, num_sms=num_sms)
@@ -137,7 +138,9 @@ def register(sub) -> None:
                        description="Print the configuration select_config picks (tile, stages, multicast, "
                                    "split K, grid, shared memory, waves, the cost model's estimate) for the "
                                    "benchmark shapes, or for the shapes in FILE (the warmup format: see "
-                                   "`cugemm8 warmup --help`).")
+                                   "`cugemm8 warmup --help`).  Training shapes (wgrad, k_grouped) get a "
+                                   "second, shorter table: the 1D1D kernel's tile, stages and grid, without "
+                                   "and with c.")
     p.add_argument("--shapes", metavar="FILE",
                    help="shapes file or a preset: @normal, @decode, @grouped, @check, @check-quick "
                         "(default: the benchmark shapes)")

@@ -69,6 +69,12 @@ def cmd_tune(args) -> int:
     if shapes is None:
         return 2
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] or list(KINDS)
+    from .._shapes import KINDS_1D1D
+    training = [k for k in kinds if k in KINDS_1D1D]
+    if training:
+        print(f"cugemm8 tune: {', '.join(training)} (the training GEMMs) cannot be tuned yet; "
+              f"tune covers {', '.join(KINDS)}", file=sys.stderr)
+        return 2
     bad = [k for k in kinds if k not in KINDS]
     if bad:
         print(f"cugemm8 tune: unknown kind(s) {', '.join(bad)}; choose from {', '.join(KINDS)}",
@@ -80,7 +86,8 @@ def cmd_tune(args) -> int:
               f"tune covers the 1D2D kinds {', '.join(KINDS)}", file=sys.stderr)
     shapes = [s for s in shapes if s.kind in kinds]
     if not shapes:
-        print("cugemm8 tune: no shapes of the chosen kinds", file=sys.stderr)
+        print("cugemm8 tune: no shapes of the chosen kinds" + (" (only training shapes, which tune skips)"
+              if skipped and not args.kinds else ""), file=sys.stderr)
         return 2
     reason = gpu_reason() or nvrtc_reason()
     if reason is not None:

@@ -70,7 +70,8 @@ def plan_warmup(shapes: list[Shape], num_sms: int) -> tuple[list[WarmupJob], lis
             errors.append(f"{s.kind} {s.label()}: {type(exc).__name__}: {exc}")
             continue
         for name, cfg, header in todo:
-            job = jobs.setdefault(name, WarmupJob(name, str(cfg), cfg.smem_bytes, [], header=header))
+            label = f"1d1d {cfg}" if header is not None else str(cfg)   # the training kernel: another family
+            job = jobs.setdefault(name, WarmupJob(name, label, cfg.smem_bytes, [], header=header))
             if f"{s.kind} {s.label()}" not in job.shapes:
                 job.shapes.append(f"{s.kind} {s.label()}")
     return list(jobs.values()), errors
@@ -231,10 +232,12 @@ def cmd_warmup(args) -> int:
     return 1 if failed else 0
 
 
-SHAPES_HELP = ("FILE: a JSON list of {\"kind\": \"normal\"|\"contiguous\"|\"masked\", \"m\", \"n\", \"k\", "
-               "\"num_groups\"}, or text with one shape per line, 'kind m n k [num_groups]' ('#' starts "
-               "a comment); m is m_sum for contiguous and expected_m for masked.  Or @check / "
-               "@check-quick: the shapes `cugemm8 check` (--quick) runs.")
+SHAPES_HELP = ("FILE: a JSON list of {\"kind\": \"normal\"|\"contiguous\"|\"masked\"|\"wgrad\"|"
+               "\"k_grouped\", \"m\", \"n\", \"k\", \"num_groups\"}, or text with one shape per line, "
+               "'kind m n k [num_groups]' ('#' starts a comment); m is m_sum for contiguous and expected_m "
+               "for masked; wgrad and k_grouped (the training GEMMs) give the FP32 output [m, n] (per "
+               "group) and k tokens in all (a multiple of 128 for k_grouped).  Or a preset: @check / "
+               "@check-quick (the shapes `cugemm8 check` (--quick) runs), @normal, @decode, @grouped.")
 
 
 def register(sub) -> None:
@@ -244,7 +247,7 @@ def register(sub) -> None:
                     "($CUPY_CACHE_DIR/cugemm8): loaded (or compiled) on the GPU, or with --compile-only "
                     "compiled without a GPU into entries that a GPU machine with the same CuPy version and "
                     "NVRTC release loads without compiling.  " + SHAPES_HELP)
-    p.add_argument("--shapes", required=True, metavar="FILE", help="shapes file (see above) or @check")
+    p.add_argument("--shapes", required=True, metavar="FILE", help="shapes file or a preset (see above)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--compile-only", action="store_true",
                       help="compile with NVRTC into the disk cache, no GPU needed (a prebuilt cache)")

@@ -72,6 +72,23 @@ def _time(fn, reps, flush):
     return t.median
 
 
+def _checked_time(name, build, output, product, reps, flush, limit=float("inf")):
+    """Build another library's callable (``build()``), run it once, compare
+    ``output(result)`` with cugemm8's ``product`` (calc_diff), and time it
+    when the difference is below ``limit``: ``(µs or None, status suffix)``.
+    Any exception becomes the status (a bench reports; it never dies)."""
+    import cupy as cp
+    try:
+        run = build()
+        got = output(run())
+        cp.cuda.runtime.deviceSynchronize()
+        diff = common_calc_diff(cp, got, product)
+        us = _time(run, reps, flush) if diff < limit else None
+        return us, f"; {name} calc_diff {diff:.1e}"
+    except Exception as exc:
+        return None, f"; {name} {type(exc).__name__}: {exc}"[:80]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=4096)
@@ -149,29 +166,17 @@ def main(argv=None) -> int:
         ours = _time(lambda: cugemm8.fp8_gemm_nt((a, sfa), (b, sfb), d, c=d), args.reps, flush)
         theirs = None
         if dg is not None:
-            try:
-                d_dg = cp.zeros_like(d)
-                run = dg.gemm_nt_1d1d(a, sfa, b, sfb, d_dg)
-                run()
-                cp.cuda.runtime.deviceSynchronize()
-                dd = common_calc_diff(cp, d_dg, product)
-                theirs = _time(run, args.reps, flush)
-                status += f"; DG calc_diff {dd:.1e}"
-            except Exception as exc:
-                status += f"; DG {type(exc).__name__}: {exc}"[:80]
+            d_dg = cp.zeros_like(d)
+            theirs, note = _checked_time("DG", lambda: dg.gemm_nt_1d1d(a, sfa, b, sfb, d_dg), lambda _: d_dg,
+                                         product, args.reps, flush)
+            status += note
         if forced:
             sweep(f"{m}x{n}x{k}", lambda c: cugemm8.fp8_gemm_nt((a, sfa), (b, sfb), d, c=d if c else None),
                   d, product)
-        lt = None
-        try:
-            run_lt = common.torch_blockwise_1x128_gemm(a, sfa, b, sfb)
-            got = common.torch_to_f64(run_lt(), m)[:, :n]
-            dl = common_calc_diff(cp, got, product)
-            if dl < 1e-4:
-                lt = _time(run_lt, args.reps, flush)
-            status += f"; cuBLASLt calc_diff {dl:.1e}"
-        except Exception as exc:
-            status += f"; cuBLASLt {type(exc).__name__}: {exc}"[:80]
+        lt, note = _checked_time("cuBLASLt", lambda: common.torch_blockwise_1x128_gemm(a, sfa, b, sfb),
+                                 lambda out: common.torch_to_f64(out, m)[:, :n], product, args.reps, flush,
+                                 limit=1e-4)
+        status += note
         cfg = str(cugemm8.get_gemm_1d1d_config(m, n, k, with_c=True))
         record("wgrad", f"{m}x{n}x{k}", 2 * m * n * k, cfg, ours, theirs, status, lt)
         common.release_memory()
@@ -197,16 +202,10 @@ def main(argv=None) -> int:
                      args.reps, flush)
         theirs = None
         if dg is not None:
-            try:
-                d_dg = cp.zeros_like(d)
-                run = dg.k_grouped_1d1d(a, sfa, b, sfb, ks, d_dg)
-                run()
-                cp.cuda.runtime.deviceSynchronize()
-                dd = common_calc_diff(cp, d_dg, product)
-                theirs = _time(run, args.reps, flush)
-                status += f"; DG calc_diff {dd:.1e}"
-            except Exception as exc:
-                status += f"; DG {type(exc).__name__}: {exc}"[:80]
+            d_dg = cp.zeros_like(d)
+            theirs, note = _checked_time("DG", lambda: dg.k_grouped_1d1d(a, sfa, b, sfb, ks, d_dg),
+                                         lambda _: d_dg, product, args.reps, flush)
+            status += note
         if forced:
             sweep(f"{g}x{m}x{n}x{kt}", lambda c: cugemm8.k_grouped_fp8_gemm_nt_contiguous(
                 (a, sfa_t), (b, sfb_t), d, ks, kst, c=d if c else None), d, product)

@@ -282,6 +282,26 @@ def torch_version() -> str:
     return f"torch {torch.__version__} ({api})" if torch is not None else api
 
 
+def _rows4_fp8_operand(torch, x, sf):
+    """An FP8 operand ``x`` uint8 [rows, k] with 1x128 scales ``sf`` [rows, kb]
+    as torch views cuBLASLt's blockwise path reads: ``x`` as float8_e4m3fn
+    rows (copied into a buffer of rows rounded up to 4 when rows % 4 != 0
+    or it is not contiguous) and ``sf`` as [rows_pad, kb] with strides (1,
+    rows_pad) (rows contiguous, zeros in the padding).  Returns (t_x,
+    t_sf, CuPy buffers the views alias)."""
+    rows, k = x.shape
+    kb = sf.shape[1]
+    rows_pad = -(-rows // 4) * 4
+    if rows % 4 or not x.flags.c_contiguous:
+        buf = cp.zeros((rows_pad, k), dtype=cp.uint8)
+        buf[:rows] = x
+    else:
+        buf = x
+    s = cp.zeros((kb, rows_pad), dtype=cp.float32)
+    s[:, :rows] = sf.T
+    return torch.from_dlpack(buf).view(torch.float8_e4m3fn), torch.from_dlpack(s).t(), [buf, s]
+
+
 def torch_blockwise_gemm(a, sfa, b, sfb):
     """A no-argument callable computing ``(A * SFA) (B * SFB)^T`` in bf16 with
     cuBLASLt's blockwise FP8 path, on the SAME bytes as cugemm8.
@@ -309,21 +329,11 @@ def torch_blockwise_gemm(a, sfa, b, sfb):
     torch, api = load_torch()
     if torch is None:
         raise RuntimeError(api)
-    m, k = a.shape
     kb, nb = sfa.shape[1], sfb.shape[0]
-    m_pad, kb_pad = -(-m // 4) * 4, -(-kb // 4) * 4
+    kb_pad = -(-kb // 4) * 4
     fp8 = torch.float8_e4m3fn
-    keep = []                                     # CuPy buffers the torch views alias
-    if m % 4 or not a.flags.c_contiguous:
-        a_buf = cp.zeros((m_pad, k), dtype=cp.uint8)
-        a_buf[:m] = a
-    else:
-        a_buf = a
-    sa = cp.zeros((kb, m_pad), dtype=cp.float32)
-    sa[:, :m] = sfa.T
-    keep += [a_buf, sa]
-    t_a = torch.from_dlpack(a_buf).view(fp8)
-    t_sa = torch.from_dlpack(sa).t()                       # [m_pad, kb], strides (1, m_pad)
+    # A and its scales [m_pad, kb], strides (1, m_pad); keep: the CuPy buffers the torch views alias
+    t_a, t_sa, keep = _rows4_fp8_operand(torch, a, sfa)
     t_b = torch.from_dlpack(cp.ascontiguousarray(b)).view(fp8).t()   # [k, n] column-major
     if api == "F.scaled_mm":
         F = torch.nn.functional
@@ -363,30 +373,10 @@ def torch_blockwise_1x128_gemm(a, sfa, b, sfb):
     if api != "F.scaled_mm":
         raise RuntimeError(f"needs torch's v2 F.scaled_mm (found {api})")
     F = torch.nn.functional
-    fp8 = torch.float8_e4m3fn
-    m, k = a.shape
-    n, kb = b.shape[0], sfa.shape[1]
-    m_pad, n_pad = -(-m // 4) * 4, -(-n // 4) * 4
-    keep = []
-    if m % 4 or not a.flags.c_contiguous:
-        a_buf = cp.zeros((m_pad, k), dtype=cp.uint8)
-        a_buf[:m] = a
-    else:
-        a_buf = a
-    if n % 4 or not b.flags.c_contiguous:
-        b_buf = cp.zeros((n_pad, k), dtype=cp.uint8)
-        b_buf[:n] = b
-    else:
-        b_buf = b
-    sa = cp.zeros((kb, m_pad), dtype=cp.float32)
-    sa[:, :m] = sfa.T
-    sb = cp.zeros((kb, n_pad), dtype=cp.float32)
-    sb[:, :n] = sfb.T
-    keep += [a_buf, b_buf, sa, sb]
-    t_a = torch.from_dlpack(a_buf).view(fp8)
-    t_b = torch.from_dlpack(b_buf).view(fp8).t()              # [k, n_pad] column-major
-    t_sa = torch.from_dlpack(sa).t()                           # [m_pad, kb], strides (1, m_pad)
-    t_sb = torch.from_dlpack(sb).t()                           # [n_pad, kb], strides (1, n_pad)
+    t_a, t_sa, keep_a = _rows4_fp8_operand(torch, a, sfa)     # [m_pad, k]; scales [m_pad, kb]
+    t_b, t_sb, keep_b = _rows4_fp8_operand(torch, b, sfb)     # [n_pad, k]; scales [n_pad, kb]
+    t_b = t_b.t()                                              # [k, n_pad] column-major
+    keep = keep_a + keep_b
     r = F.ScalingType.BlockWise1x128
 
     def run():

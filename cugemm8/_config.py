@@ -831,7 +831,13 @@ def format_table(cases=BENCHMARK_CASES, *, num_sms: int = 132,
                              smem_limit=smem_limit)[0][0]
         rows.append((kind, str(g), str(m), str(n), str(k), str(cfg), str(cfg.smem_bytes),
                      str(tiles), str(executed), str(waves), f"{est / 1755:.1f}"))
-    widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
+    return text_table(head, rows)
+
+
+def text_table(head, rows) -> str:
+    """Plain-text columns: the first left-aligned, the others right-aligned,
+    a dashed rule under the header (``cugemm8 configs``'s tables)."""
+    widths = [max(len(r[i]) for r in list(rows) + [head]) for i in range(len(head))]
 
     def fmt(r):
         return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))

@@ -40,7 +40,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import operator
+
+from ._config import _align, _as_int, _ceil_div
 
 __all__ = ["Gemm1d1dConfig", "BLOCK_M_CANDIDATES", "BLOCK_N_CANDIDATES", "smem_size", "max_stages",
            "is_legal", "make_config", "select_config", "ranked_configs"]
@@ -63,14 +64,6 @@ C_TILE = 1500.0              # per tile: pipeline refill behind the epilogue
 STORE_BYTES_PER_CYCLE = 32.0
 L2_BYTES_PER_CYCLE = 8e6 / 1300
 SM_BYTES_PER_CYCLE = 64.0
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _align(x: int, a: int) -> int:
-    return _ceil_div(x, a) * a
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,15 +155,6 @@ def _score(bm: int, bn: int, m: int, n: int, kb_mean: float, groups: int, grid: 
     t_block = max(bm * bn / 32, (bm + bn) * BLOCK_K / feed, bm / 128 * 2.25 * bn + C_KB)
     t_epi = bm * bn * 4 / STORE_BYTES_PER_CYCLE * (2 if with_c else 1)
     return waves * (kb_mean * t_block + t_epi + C_TILE), tiles * bm * bn
-
-
-def _as_int(name: str, v) -> int:
-    if isinstance(v, bool):
-        raise TypeError(f"{name} must be an integer, got {v!r}")
-    try:
-        return operator.index(v)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(v).__name__} {v!r}") from None
 
 
 @functools.lru_cache(maxsize=4096)

@@ -305,6 +305,13 @@ def _map_stride(x, dim: int, packed: int) -> int:
     return max(16, min(packed, _TMA_MAX_STRIDE - 16))
 
 
+def _scale_pitch(sf, rows: int, kb: int) -> int:
+    """Elements between consecutive K blocks of an MN-major TMA-aligned scale
+    tensor ``sf [..., rows, kb]`` (its last stride; with one K block any
+    legal pitch, so rows rounded up to 4: 16-byte rows for TMA)."""
+    return sf.strides[-1] // 4 if kb > 1 else -(-rows // 4) * 4
+
+
 def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: int, rows: int,
                     a, sfa, b, sfb, out, layout, groups_a: int, flags: int = 0):
     """Encode descriptors; return a :class:`cugemm8._launch.Launcher` (it
@@ -332,7 +339,7 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
     b_grp = _map_stride(b, 0, b_row * n) if b.ndim == 3 else _map_stride(None, 0, b_row * n)
     tmap_b = _tma.make_descriptor("u8", b.data.ptr, (k, n, num_groups if b.ndim == 3 else 1),
                                   (b_row, b_grp), (128, cfg.block_n, 1), swizzle=128)
-    m_pad = sfa.strides[-1] // 4 if kb > 1 else -(-rows // 4) * 4
+    m_pad = _scale_pitch(sfa, rows, kb)
     s_grp = _map_stride(sfa, 0, m_pad * kb * 4) if sfa.ndim == 3 else _map_stride(None, 0, m_pad * kb * 4)
     tmap_sfa = _tma.make_descriptor("f32", sfa.data.ptr, (rows, kb, groups_a),
                                     (m_pad * 4, s_grp), (-(-box_m // 4) * 4, 1, 1),

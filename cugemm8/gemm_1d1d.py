@@ -50,7 +50,7 @@ from . import _config, _config_1d1d, _device, _jit, _tma
 from ._checks import check_device_array, refuse_temporary_under_capture
 from ._launch import Launcher
 from .gemm import (_INT32_MAX, _as_fp8, _check_f32, _check_int32, _check_placement, _first_overlap,
-                   _map_stride, _pair, _prepare_sfa, _span)
+                   _map_stride, _pair, _prepare_sfa, _scale_pitch, _span)
 
 if TYPE_CHECKING:
     import cupy
@@ -184,7 +184,7 @@ def _launch(cfg, gemm_type: int, m: int, n: int, k_total: int, num_groups: int, 
                                   (128, cfg.block_n, 1), swizzle=128)
 
     def scale_map(sf, rows, box):
-        pad = sf.strides[-1] // 4 if kb > 1 else -(-rows // 4) * 4
+        pad = _scale_pitch(sf, rows, kb)
         return _tma.make_descriptor("f32", sf.data.ptr, (rows, kb, 1), (pad * 4, pad * 4 * kb),
                                     (box, 1, 1), swizzle=0, l2_256=False)
 

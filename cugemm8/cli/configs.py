@@ -37,7 +37,7 @@ def training_table(shapes, num_sms: int) -> str:
     """The 1D1D kernel's picks (cugemm8/_config_1d1d.py) for the training
     shapes (``wgrad``, ``k_grouped``): the config without ``c``, and in
     "with c" the one chosen when ``c`` is given ("same" when they agree)."""
-    from .. import _config_1d1d
+    from .. import _config, _config_1d1d
     head = ("kind", "G", "m", "n", "k", "config (no c)", "with c", "smem")
     rows = []
     for s in shapes:
@@ -45,11 +45,7 @@ def training_table(shapes, num_sms: int) -> str:
         with_c = _config_1d1d.select_config(s.m, s.n, s.k, num_groups=s.num_groups, num_sms=num_sms, with_c=True)
         rows.append((s.kind, str(s.num_groups), str(s.m), str(s.n), str(s.k), str(cfg),
                      "same" if with_c == cfg else str(with_c), str(cfg.smem_bytes)))
-    widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
-
-    def fmt(r):
-        return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
-    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
+    return _config.text_table(head, rows)
 
 
 def _us(value) -> str:

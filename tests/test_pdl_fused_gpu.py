@@ -576,3 +576,121 @@ def test_pdl_is_off_in_a_fresh_process():
                          cwd=root, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "False"
+
+
+# ---------------------------------------------------------------- 8. the one-kernel fused path
+
+def _forced(kind, bm, bn, stages, k, **kw):
+    from cugemm8 import _config
+    cfg = _config.make_config(kind, bm, bn, stages, k, num_sms=cugemm8.get_num_sms(), **kw)
+    ok, why = _config.is_legal(cfg, k=k)
+    assert ok, why
+    return cfg
+
+
+# (BLOCK_M, BLOCK_N, stages, options): every producer layout the one-kernel
+# path meets -- one / two math warpgroups (the latter on setmaxnreg's 40
+# producer registers), split K across a cluster, multicast of A (rank 0
+# loads both CTAs' A) and of B.
+ONE_KERNEL_CONFIGS = [
+    (64, 32, 16, {"num_math_warpgroups": 1, "num_k_splits": 2}),
+    (64, 56, 12, {"num_math_warpgroups": 2}),
+    (64, 128, 8, {"num_math_warpgroups": 1}),
+    (128, 32, 9, {"num_k_splits": 2}),
+    (128, 64, 8, {"num_multicast": 2, "multicast_on_a": True}),
+    (128, 128, 5, {"num_multicast": 2, "multicast_on_a": False}),
+    (128, 192, 4, {}),
+]
+
+
+@pytest.mark.parametrize("bm,bn,stages,opts", ONE_KERNEL_CONFIGS,
+                         ids=[f"{c[0]}x{c[1]}s{c[2]}-" + "-".join(f"{k}{v}" for k, v in c[3].items())
+                              for c in ONE_KERNEL_CONFIGS])
+def test_one_kernel_forced_configs(cp, rng, weights, monkeypatch, bm, bn, stages, opts):
+    """The in-GEMM quantisation under every producer layout: forced
+    configurations (the two-launch reference uses the same one), m from 1 to
+    the one-kernel limit, N not a multiple of BLOCK_N."""
+    from cugemm8 import gemm as G, quant as Q
+    n, k = 2112 + 8, 2048
+    rhs = weights(n, k)
+    cfg = _forced("normal", bm, bn, stages, k, **opts)
+    monkeypatch.setattr(G, "_select", lambda kind, m_, n_, k_, g: cfg)
+    for m in (1, 5, 64, 100, Q.FUSED_ONE_KERNEL_MAX_M):
+        x = randn(cp, seed_of(rng), (m, k))
+        fused_vs_two_launch(cp, x, rhs, ws=workspace(cp, m, k), what=f"{cfg} m={m}")
+
+
+def test_one_kernel_limit_and_pow2(cp, rng, weights):
+    """Both sides of FUSED_ONE_KERNEL_MAX_M, and power-of-two scales."""
+    from cugemm8 import quant as Q
+    n, k = 4096, 7168
+    rhs = weights(n, k)
+    for m in (Q.FUSED_ONE_KERNEL_MAX_M, Q.FUSED_ONE_KERNEL_MAX_M + 1):
+        x = randn(cp, seed_of(rng), (m, k))
+        fused_vs_two_launch(cp, x, rhs, ws=workspace(cp, m, k), what=f"m={m}")
+        out, full = H.poisoned_out(cp, m, n)
+        cugemm8.gemm_fp8(x, rhs, out, pow2_scale=True, workspace=workspace(cp, m, k))
+        want = cp.empty((m, n), BF16)
+        cugemm8.gemm_fp8_fp8_bf16_nt(cugemm8.per_token_cast_to_fp8(x, pow2_scale=True), rhs, want)
+        assert_same_bits(cp, out, want, what=f"m={m} pow2")
+        assert H.guards_intact(cp, full, m, n)
+
+
+def test_one_kernel_counters_garbage_workspace_and_layout_changes(cp, rng, weights):
+    """A workspace full of 0xff bytes works (its counters are zeroed before
+    the first use), every call leaves its counters zero, and one workspace
+    serves layouts of different sizes in turn (a smaller layout's payload
+    overwrites a larger one's counters, which are zeroed again)."""
+    shapes = [(64, 2112, 7168), (8, 7168, 2048), (64, 2112, 7168), (128, 24576, 1536), (1, 2112, 7168)]
+    nbytes = max(cugemm8.gemm_fp8_workspace_bytes(m, k) for m, _, k in shapes)
+    ws = cp.full(nbytes, 0xFF, dtype=cp.uint8)
+    for m, n, k in shapes:
+        x = randn(cp, seed_of(rng), (m, k))
+        fused_vs_two_launch(cp, x, weights(n, k), ws=ws, what=f"m={m} n={n} k={k} shared garbage ws")
+        counters = 2 + -(-k // 128)
+        assert bool(cp.all(ws[:4 * counters] == 0)), f"m={m} k={k}: counters not left zero"
+
+
+def test_one_kernel_few_sms(cp, rng, weights):
+    """A persistent grid of a few CTAs (set_num_sms): each CTA takes many
+    tiles and the cast warps of a few CTAs quantise all of x."""
+    n, k = 7168, 2048
+    rhs = weights(n, k)
+    full = cugemm8.get_num_sms()
+    try:
+        for sms in (2, 5):
+            cugemm8.set_num_sms(sms)
+            for m in (1, 64, 128):
+                x = randn(cp, seed_of(rng), (m, k))
+                fused_vs_two_launch(cp, x, rhs, ws=workspace(cp, m, k), what=f"{sms} SMs m={m}")
+    finally:
+        cugemm8.set_num_sms(full)
+
+
+@pytest.mark.parametrize("pdl_on", [False, True], ids=["pdl-off", "pdl-on"])
+def test_one_kernel_graph_with_a_fresh_workspace(cp, rng, weights, pdl_on):
+    """Captured with a workspace never used eagerly (0xff bytes): the graph
+    zeroes its counters itself, and every replay gives the two-launch bits;
+    afterwards an eager call on the same workspace works too."""
+    m, n, k = 32, 4096, 7168
+    rhs = weights(n, k)
+    x = cp.empty((m, k), BF16)
+    x[...] = randn(cp, seed_of(rng), (m, k))
+    out, full = H.poisoned_out(cp, m, n)
+    cugemm8.gemm_fp8(x, rhs, out, workspace=workspace(cp, m, k))    # compiles outside the capture
+    ws = cp.full(cugemm8.gemm_fp8_workspace_bytes(m, k), 0xFF, dtype=cp.uint8)
+    cugemm8.gemm.clear_launch_cache()
+    with pdl(pdl_on):
+        with Capture(cp) as c:
+            cugemm8.gemm_fp8(x, rhs, out, workspace=ws)
+    for replay in range(3):
+        x_new = randn(cp, seed_of(rng), (m, k))
+        x[...] = x_new
+        out.view(cp.uint16)[...] = H.POISON_BITS
+        cp.cuda.Device().synchronize()
+        c.replay()
+        want = cp.empty((m, n), BF16)
+        two_launch(cp, x_new, rhs, want)
+        assert_same_bits(cp, out, want, what=f"replay {replay}")
+        assert H.guards_intact(cp, full, m, n)
+    fused_vs_two_launch(cp, x, rhs, ws=ws, what="eager after the graph")

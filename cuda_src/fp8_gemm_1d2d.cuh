@@ -219,8 +219,15 @@ struct GemmTraits {
   static_assert(kFusedIn <= 3, "kFusedIn is 0 or 1 + InDtype");
   static_assert(!kFused || kGemmType == kNormal, "the fused path is a normal GEMM");
   static constexpr InDtype kFusedInDtype = static_cast<InDtype>(kFused ? kFusedIn - 1 : 0);
-  // Loads in flight per cast-warp lane: the setmaxnreg producer runs on 40 registers.
-  static constexpr uint32_t kFusedCastUnroll = kNumMathWG == 2 ? 2u : 4u;
+  // Registers after setmaxnreg (two math warpgroups): the producer keeps 40,
+  // except that the fused path's cast warps get 104 where the math
+  // warpgroups' tiles fit in 200 (BLOCK_N <= 128; 128 x 104 + 256 x 200 <=
+  // 64 K registers); 16-byte loads in flight per cast-warp lane accordingly.
+  static constexpr bool kFusedWideProducer = kFused && kNumMathWG == 2 && BLOCK_N <= 128;
+  static constexpr uint32_t kProducerRegs = kFusedWideProducer ? 104u : 40u;
+  static constexpr uint32_t kMathRegs = kFusedWideProducer ? 200u : 232u;
+  static_assert(128u * kProducerRegs + 256u * kMathRegs <= 65536u, "register file");
+  static constexpr uint32_t kFusedCastUnroll = kNumMathWG == 1 || kFusedWideProducer ? 8u : 2u;
   __device__ __forceinline__ static uint32_t a_tx_bytes(uint32_t a_box_rows) {
     return a_box_rows * 128u + align_up(a_box_rows, 4u) * 4u;
   }
@@ -373,7 +380,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
 
   if (warpgroup == kNumMathWG) {
     // ------------------------------------------------------------------ producer
-    if constexpr (kNumMathWG == 2) setmaxnreg_dec<40>();
+    if constexpr (kNumMathWG == 2) setmaxnreg_dec<T::kProducerRegs>();
     // Issue A's (and its scales') loads for K block kb into `stage`: with
     // multicast on A, rank 0 loads both CTAs' stages.
     auto load_a = [&](uint64_t* bar, uint32_t stage, uint32_t kb, int32_t a_row, int32_t a_group) {
@@ -390,6 +397,13 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
                     a_group);
       }
     };
+    // Fused: B's loads start only once this CTA's cast warps have issued
+    // their first loads of x, so that x is not queued behind a whole ring of B
+    // in the memory system (A, needed first, waits for x).
+    const uint32_t producer_warp = (threadIdx.x - T::kNumMathThreads) / 32;
+    if constexpr (T::kFused) {
+      if (producer_warp == 0) named_barrier_sync(quant::kFusedStartBarrier, 32u * (1u + quant::kFusedCastWarps));
+    }
     if (threadIdx.x == producer_leader) {
       PipeState<kNumStages> pipe;
       // Fused: this thread issues B only (the A warp below issues A).
@@ -445,7 +459,6 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
       // warps 2 and 3 cast x into the workspace; warp 1 issues A's loads of
       // each K block once it is complete, walking the same tiles and stages
       // as the B thread, arriving on the stage's full barrier with A's bytes.
-      const uint32_t producer_warp = (threadIdx.x - T::kNumMathThreads) / 32;
       if (producer_warp >= 4 - quant::kFusedCastWarps) {
         quant::fused_cast_worker<T::kFusedInDtype, T::kFusedCastUnroll>(fq);
       } else if (producer_warp == 1) {
@@ -482,7 +495,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
     }
   } else {
     // ------------------------------------------------------------------ math
-    if constexpr (kNumMathWG == 2) setmaxnreg_inc<232>();
+    if constexpr (kNumMathWG == 2) setmaxnreg_inc<T::kMathRegs>();
     const uint32_t tid = threadIdx.x % 128;
     const uint32_t warp = tid / 32, lane = tid % 32;
     // Row (within the tile) of sub-tile `v` handled by this warpgroup.

@@ -762,6 +762,9 @@ namespace quant {
 constexpr uint32_t kFusedCastWarps = 2;       // cast warps per CTA (producer warpgroup warps 2, 3)
 constexpr uint32_t kFusedParticipantsPerCta = kFusedCastWarps + 1;   // + the A warp
 constexpr uint64_t kFusedWaitTimeoutNs = 10ull * 1000 * 1000 * 1000;
+// Named barrier (fp8_gemm_1d2d.cuh uses 1..3): the cast warps' first loads of
+// x are issued before the producer thread's first B load.
+constexpr uint32_t kFusedStartBarrier = 5;
 
 // The last participant to sign off zeroes the counters (lane 0 of a warp).
 __device__ __forceinline__ void fused_sign_off(const FusedQuantArgs& p, uint32_t num_kb) {
@@ -790,6 +793,7 @@ __device__ __forceinline__ void fused_cast_worker(const FusedQuantArgs& p) {
   // claim's round trip overlaps the current chunk.
   uint32_t claimed = lane == 0 ? atom_relaxed_gpu_add(p.sync, 1u) : 0u;
   uint32_t c = __shfl_sync(0xffffffffu, claimed, 0);
+  bool first = true;
   while (c < total) {
     const uint32_t kb = c / chunks_per_kb;
     const uint32_t r0 = (c - kb * chunks_per_kb) * kRows;
@@ -804,6 +808,10 @@ __device__ __forceinline__ void fused_cast_worker(const FusedQuantArgs& p) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) raw[u][j] = 0;
       }
+    }
+    if (first) {
+      named_barrier_arrive(kFusedStartBarrier, 32u * (1u + kFusedCastWarps));   // B may start now
+      first = false;
     }
     if (lane == 0) claimed = atom_relaxed_gpu_add(p.sync, 1u);
 #pragma unroll
@@ -834,6 +842,7 @@ __device__ __forceinline__ void fused_cast_worker(const FusedQuantArgs& p) {
     if (lane == 0) red_release_gpu_add(p.sync + 2 + kb, constexpr_min(kRows, p.m - r0));
     c = __shfl_sync(0xffffffffu, claimed, 0);
   }
+  if (first) named_barrier_arrive(kFusedStartBarrier, 32u * (1u + kFusedCastWarps));   // no chunk at all
   if (lane == 0) fused_sign_off(p, num_kb);
 }
 

@@ -463,8 +463,9 @@ def _launch_cached(key) -> bool:
     launcher = _fast.get(key) if key is not None else None
     if launcher is None:
         return False
-    launcher()
-    return True
+    # A launcher may decline (return False, having launched nothing): then
+    # the call takes the slow path (gemm_fp8's fused path, quant.py).
+    return launcher() is not False
 
 
 def _remember(key, launcher, converted: bool) -> None:

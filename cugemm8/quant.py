@@ -692,6 +692,14 @@ def _workspace_layout(m: int, k: int) -> tuple:
 #: (benches/RESULTS.md v0.12).
 FUSED_ONE_KERNEL_MAX_M = 128
 
+def one_kernel_fused(m: int, cfg) -> bool:
+    """Whether :func:`gemm_fp8`'s fused path runs as one kernel for ``m``
+    rows under GEMM configuration ``cfg``: ``m <= FUSED_ONE_KERNEL_MAX_M``,
+    and the producer warpgroup has registers for the cast warps (one math
+    warpgroup, or BLOCK_N <= 128: fp8_gemm_1d2d.cuh kFusedWideProducer)."""
+    return m <= FUSED_ONE_KERNEL_MAX_M and (cfg.num_math_warpgroups == 1 or cfg.block_n <= 128)
+
+
 #: the kernel's FusedQuantArgs (cuda_src/quant.cuh), field by field
 FUSED_ARGS_DTYPE = np.dtype([("x", "<u8"), ("a", "<u8"), ("sfa", "<u8"), ("sync", "<u8"),
                              ("x_row_stride", "<i8"), ("m", "<u4"), ("k", "<u4"), ("m_pad", "<u4"),
@@ -723,14 +731,23 @@ _ZEROED_MAX = 16
 _zeroed: "collections.OrderedDict[tuple, list]" = collections.OrderedDict()
 
 
+def _counters_known_zero(key, counters: int) -> bool:
+    """Whether the workspace ``key``'s first ``counters`` counters are known
+    zero (then it stays listed, with this call's count)."""
+    entry = _zeroed.get(key)
+    if entry is None or entry[1] < counters:
+        return False
+    _zeroed.move_to_end(key)
+    entry[1] = counters
+    return True
+
+
 def _ready_workspace(key, data, sync_ptr: int, counters: int, cupy) -> None:
     """Make sure the ``counters`` counters at ``sync_ptr`` are zero before a
     one-kernel launch: known (listed), else zeroed on the current stream
-    (``cudaMemsetAsync``; under CUDA-graph capture a memset node)."""
-    entry = _zeroed.get(key)
-    if entry is not None and entry[1] >= counters:
-        _zeroed.move_to_end(key)
-        entry[1] = counters
+    (``cudaMemsetAsync``; under CUDA-graph capture a memset node) and
+    listed, holding ``data`` (the workspace's memory)."""
+    if _counters_known_zero(key, counters):
         return
     cupy.cuda.runtime.memsetAsync(sync_ptr, 0, 4 * counters, cupy.cuda.get_current_stream().ptr)
     if capturing(cupy):
@@ -809,18 +826,18 @@ def _gemm_fp8_fused(x, b, out, workspace, pow2_scale, key, cupy, gemm):
     xk = _in_place_or_copy(_pad_k("a", x, cupy), cupy)
     m, kp = xk.shape
     _, kb, m_pad, a_off, sfa_off, total = _workspace_layout(m, kp)
-    one_kernel = m <= FUSED_ONE_KERNEL_MAX_M
+    b_q = gemm._as_fp8("b payload", b[0], 2, cupy)
+    sfb = gemm._prepare_sfb(b[1], cupy)
+    n = b_q.shape[0]
+    cfg = gemm._select("normal", m, n, kp, 1)
+    one_kernel = one_kernel_fused(m, cfg)
     ws = workspace if workspace is not None else _internal_workspace(total, one_kernel, cupy)
     a_q = ws[a_off:a_off + m * kp].reshape(m, kp)
     sfa_buf = ws[sfa_off:total].view(np.float32).reshape(1, kb, m_pad)
     sfa = sfa_buf[0].T[:m]                       # [m, kb], strides (4, 4 * m_pad)
-    b_q = gemm._as_fp8("b payload", b[0], 2, cupy)
-    sfb = gemm._prepare_sfb(b[1], cupy)
-    n = b_q.shape[0]
     if out is None:
         import ml_dtypes
         out = cupy.empty((m, n), dtype=ml_dtypes.bfloat16)
-    cfg = gemm._select("normal", m, n, kp, 1)
     counters = 2 + kb
     ws_key = (ws.data.device_id, ws.data.ptr)
     if one_kernel:
@@ -829,11 +846,15 @@ def _gemm_fp8_fused(x, b, out, workspace, pow2_scale, key, cupy, gemm):
                  _fused_args(xk, a_q, sfa_buf, ws.data.ptr, m_pad, min_amax_f32, pow2_scale))
         gemm_launch = gemm._prepare_launch(cfg, "normal", n, kp, 1, m, m, a_q, sfa, b_q, sfb, out, None, 1,
                                            fused=fused)
-        ws_data, sync_ptr = ws.data, ws.data.ptr
+        _ready_workspace(ws_key, ws.data, ws.data.ptr, counters, cupy)
 
         def run():
-            _ready_workspace(ws_key, ws_data, sync_ptr, counters, cupy)
+            # A repeated call (gemm._launch_cached) whose workspace is no
+            # longer listed takes the slow path, which zeroes and lists it.
+            if not _counters_known_zero(ws_key, counters):
+                return False
             gemm_launch()
+            return True
     else:
         # Every descriptor is encoded before the first launch.
         gemm_launch = gemm._prepare_launch(cfg, "normal", n, kp, 1, m, m, a_q, sfa, b_q, sfb, out, None, 1)
@@ -844,7 +865,10 @@ def _gemm_fp8_fused(x, b, out, workspace, pow2_scale, key, cupy, gemm):
             _clobbered_workspace(ws_key, counters)
             quant_launch()
             gemm_launch(pdl=True)
-    run()
+    if one_kernel:
+        gemm_launch()            # the counters are zero in stream order (_ready_workspace)
+    else:
+        run()
     if xk is x and sfb is b[1]:
         gemm._remember(key, run, False)
     return out

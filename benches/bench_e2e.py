@@ -19,8 +19,7 @@ with bf16 activations x [M, K] (normal) and FP8 weights from
 ``per_block_cast_to_fp8`` of normal bf16 weights [N, K]:
 
 * ``fused``: ``cugemm8.gemm_fp8(x, (b, sfb), out, workspace=ws)``, PDL off
-  (M <= 128: one kernel, the GEMM quantising x itself; above, the quantiser
-  then the GEMM as its programmatic dependent);
+  (the quantiser is its prologue, the GEMM its programmatic dependent);
 * ``2-launch``: ``per_token_cast_to_fp8(x)`` then ``gemm_fp8_fp8_bf16_nt``,
   ``cugemm8.set_pdl(False)``; ``2L+pdl``: the same with ``set_pdl(True)``;
 * ``DG pair`` (``--deepgemm``, DeepGEMM on PYTHONPATH,

@@ -29,7 +29,6 @@
 #pragma once
 #include "common.cuh"
 #include "pipeline.cuh"
-#include "quant.cuh"
 #include "ptx/fp32.cuh"
 #include "ptx/griddep.cuh"
 #include "ptx/sync.cuh"
@@ -117,7 +116,7 @@ struct SmemLayout {
 
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages,
           uint32_t kNumMulticast, bool kMulticastOnA, uint32_t kSwizzleDBytes, uint32_t kGemmType,
-          uint32_t kNumGroups, uint32_t kNumKSplits, uint32_t kNumMathWGs, uint32_t kFusedIn = 0>
+          uint32_t kNumGroups, uint32_t kNumKSplits, uint32_t kNumMathWGs>
 struct GemmTraits {
   static constexpr uint32_t BLOCK_K = 128;
   // Two math warpgroups, or one with BLOCK_M == 64.  BLOCK_M == 64 has one
@@ -213,24 +212,6 @@ struct GemmTraits {
   static_assert(!kSplitK || kNumStages % 2 == 0, "split K (BLOCK_M = 64) needs an even stage count");
   static_assert(Smem::kTotal <= 232448, "shared memory exceeds the sm_90 opt-in limit (232,448 B)");
   static_assert(kGemmType <= kGroupedMasked, "unknown GEMM type");
-  // The one-kernel fused path (quant.cuh "In-GEMM quantisation"):
-  // kFusedIn = 1 + InDtype of the float activations, 0 for FP8 A.
-  static constexpr bool kFused = kFusedIn != 0;
-  static_assert(kFusedIn <= 3, "kFusedIn is 0 or 1 + InDtype");
-  static_assert(!kFused || kGemmType == kNormal, "the fused path is a normal GEMM");
-  static constexpr InDtype kFusedInDtype = static_cast<InDtype>(kFused ? kFusedIn - 1 : 0);
-  // Registers after setmaxnreg (two math warpgroups): the producer keeps 40,
-  // except that the fused path's cast warps get 104 where the math
-  // warpgroups' tiles fit in 200 (BLOCK_N <= 128; 128 x 104 + 256 x 200 <=
-  // 64 K registers); 16-byte loads in flight per cast-warp lane accordingly.
-  static constexpr bool kFusedWideProducer = kFused && kNumMathWG == 2 && BLOCK_N <= 128;
-  static constexpr uint32_t kProducerRegs = kFusedWideProducer ? 104u : 40u;
-  static constexpr uint32_t kMathRegs = kFusedWideProducer ? 200u : 232u;
-  static_assert(128u * kProducerRegs + 256u * kMathRegs <= 65536u, "register file");
-  static constexpr uint32_t kFusedCastUnroll = kNumMathWG == 1 || kFusedWideProducer ? 8u : 2u;
-  __device__ __forceinline__ static uint32_t a_tx_bytes(uint32_t a_box_rows) {
-    return a_box_rows * 128u + align_up(a_box_rows, 4u) * 4u;
-  }
 };
 
 // Bits of the kernel's `flags` argument.
@@ -266,17 +247,16 @@ constexpr uint32_t kFlagBEvictFirst = 2u;
 //   tmap_d         D   as (N, rows, groups) bf16, box (kDCols, 64, 1), swizzle kSwizzleDBytes
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages,
           uint32_t kNumMulticast, bool kMulticastOnA, uint32_t kSwizzleDBytes, uint32_t kGemmType,
-          uint32_t kNumGroups, uint32_t kNumKSplits, uint32_t kNumMathWGs, uint32_t kFusedIn = 0>
+          uint32_t kNumGroups, uint32_t kNumKSplits, uint32_t kNumMathWGs>
 __global__ void __launch_bounds__(
     GemmTraits<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, kNumStages, kNumMulticast, kMulticastOnA, kSwizzleDBytes,
-               kGemmType, kNumGroups, kNumKSplits, kNumMathWGs, kFusedIn>::kNumThreads, 1) __cluster_dims__(kNumMulticast * kNumKSplits, 1, 1)
+               kGemmType, kNumGroups, kNumKSplits, kNumMathWGs>::kNumThreads, 1) __cluster_dims__(kNumMulticast * kNumKSplits, 1, 1)
 fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, const float* __restrict__ sfb, const int32_t* __restrict__ grouped_layout,
                      uint16_t* __restrict__ d_ptr, uint32_t ld_d,
                      const __grid_constant__ TmaDescriptor tmap_a, const __grid_constant__ TmaDescriptor tmap_b,
-                     const __grid_constant__ TmaDescriptor tmap_sfa, const __grid_constant__ TmaDescriptor tmap_d,
-                     const __grid_constant__ FusedQuantArgs fq) {
+                     const __grid_constant__ TmaDescriptor tmap_sfa, const __grid_constant__ TmaDescriptor tmap_d) {
   using T = GemmTraits<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, kNumStages, kNumMulticast, kMulticastOnA,
-                       kSwizzleDBytes, kGemmType, kNumGroups, kNumKSplits, kNumMathWGs, kFusedIn>;
+                       kSwizzleDBytes, kGemmType, kNumGroups, kNumKSplits, kNumMathWGs>;
   using Smem = typename T::Smem;
   using Scheduler = TileScheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, kNumMulticast, kMulticastOnA, kNumGroups>;
   constexpr uint32_t kNumKBlocks = T::kNumKBlocks;
@@ -310,8 +290,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
     tma_prefetch_descriptor(&tmap_b);
     tma_prefetch_descriptor(&tmap_sfa);
     tma_prefetch_descriptor(&tmap_d);
-    // Fused: B's and A's loads are issued by two warps, each arriving with its own bytes.
-    init_stage_barriers<kNumStages>(full_bar, empty_bar, kNumMulticast * T::kConsumerWarps, T::kFused ? 2u : 1u);
+    init_stage_barriers<kNumStages>(full_bar, empty_bar, kNumMulticast * T::kConsumerWarps);
     if constexpr (kNumKSplits == 2) {
       mbarrier_init(red_full_bar, 1);
       mbarrier_init(red_empty_bar, T::kNumHolderThreads / 32);
@@ -380,34 +359,10 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
 
   if (warpgroup == kNumMathWG) {
     // ------------------------------------------------------------------ producer
-    if constexpr (kNumMathWG == 2) setmaxnreg_dec<T::kProducerRegs>();
-    // Issue A's (and its scales') loads for K block kb into `stage`: with
-    // multicast on A, rank 0 loads both CTAs' stages.
-    auto load_a = [&](uint64_t* bar, uint32_t stage, uint32_t kb, int32_t a_row, int32_t a_group) {
-      const int32_t k = static_cast<int32_t>(kb * 128);
-      if constexpr (kNumMulticast == 2 && kMulticastOnA) {
-        if (rank == 0) {
-          tma_load_3d_multicast(smem_a(stage), &tmap_a, bar, 0b11, k, a_row, a_group);
-          tma_load_3d_multicast(const_cast<float*>(smem_sfa(stage)), &tmap_sfa, bar, 0b11, a_row,
-                                static_cast<int32_t>(kb), a_group);
-        }
-      } else {
-        tma_load_3d(smem_a(stage), &tmap_a, bar, k, a_row, a_group);
-        tma_load_3d(const_cast<float*>(smem_sfa(stage)), &tmap_sfa, bar, a_row, static_cast<int32_t>(kb),
-                    a_group);
-      }
-    };
-    // Fused: B's loads start only once this CTA's cast warps have issued
-    // their first loads of x, so that x is not queued behind a whole ring of B
-    // in the memory system (A, needed first, waits for x).
-    const uint32_t producer_warp = (threadIdx.x - T::kNumMathThreads) / 32;
-    if constexpr (T::kFused) {
-      if (producer_warp == 0) named_barrier_sync(quant::kFusedStartBarrier, 32u * (1u + quant::kFusedCastWarps));
-    }
+    if constexpr (kNumMathWG == 2) setmaxnreg_dec<40>();
     if (threadIdx.x == producer_leader) {
       PipeState<kNumStages> pipe;
-      // Fused: this thread issues B only (the A warp below issues A).
-      const uint32_t tx_bytes = T::kFused ? Smem::kB : T::tx_bytes(a_box_rows);
+      const uint32_t tx_bytes = T::tx_bytes(a_box_rows);
       // Issue B's loads for one K block into `stage` (multicast rules as
       // below).  B's L2 policy: evict-first with kFlagBEvictFirst, else
       // evict-normal (the default of a load without a hint); a select at
@@ -438,7 +393,18 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
           // Wait until every consumer (of every CTA in the cluster) released the stage.
           uint64_t* bar = producer_acquire(pipe, full_bar, empty_bar, tx_bytes);
           const uint32_t stage = pipe.stage;
-          if constexpr (!T::kFused) load_a(bar, stage, kb, a_row, a_group);
+          const int32_t k = static_cast<int32_t>(kb * 128);
+          if constexpr (kNumMulticast == 2 && kMulticastOnA) {
+            if (rank == 0) {
+              tma_load_3d_multicast(smem_a(stage), &tmap_a, bar, 0b11, k, a_row, a_group);
+              tma_load_3d_multicast(const_cast<float*>(smem_sfa(stage)), &tmap_sfa, bar, 0b11, a_row,
+                                    static_cast<int32_t>(kb), a_group);
+            }
+          } else {
+            tma_load_3d(smem_a(stage), &tmap_a, bar, k, a_row, a_group);
+            tma_load_3d(const_cast<float*>(smem_sfa(stage)), &tmap_sfa, bar, a_row, static_cast<int32_t>(kb),
+                        a_group);
+          }
           load_b(bar, stage, kb, b_row, b_group);
           pipe.advance();
         };
@@ -454,48 +420,9 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
         }
       }
     }
-    if constexpr (T::kFused) {
-      // The one-kernel fused path (quant.cuh "In-GEMM quantisation"):
-      // warps 2 and 3 cast x into the workspace; warp 1 issues A's loads of
-      // each K block once it is complete, walking the same tiles and stages
-      // as the B thread, arriving on the stage's full barrier with A's bytes.
-      if (producer_warp >= 4 - quant::kFusedCastWarps) {
-        quant::fused_cast_worker<T::kFusedInDtype, T::kFusedCastUnroll>(fq);
-      } else if (producer_warp == 1) {
-        const uint32_t lane = threadIdx.x % 32;
-        const uint32_t a_bytes = T::a_tx_bytes(a_box_rows);
-        // With multicast on A, rank 1's stages are filled by rank 0.
-        const bool issues = !(kNumMulticast == 2 && kMulticastOnA) || rank == 0;
-        PipeState<kNumStages> pipe;
-        quant::FusedReady ready;
-        while (scheduler.next(tile)) {
-          int32_t b_group;
-          bool skip, absent;
-          uint32_t stores;
-          resolve(tile, b_group, skip, absent, stores);
-          if (skip || absent) continue;
-          const int32_t a_row = static_cast<int32_t>(tile.m_block * BLOCK_M);
-          #pragma unroll 1
-          for (uint32_t kb = kb_begin; kb < kb_begin + kb_count; ++kb) {
-            mbarrier_wait(empty_bar + pipe.stage, pipe.phase ^ 1);
-            if (issues) ready.wait(fq, kb, kNumKBlocks);
-            if (lane == 0) {
-              uint64_t* bar = full_bar + pipe.stage;
-              mbarrier_arrive_expect_tx(bar, a_bytes);
-              if (issues) load_a(bar, pipe.stage, kb, a_row, 0);
-            }
-            __syncwarp();
-            pipe.advance();
-          }
-        }
-        // Sign off only once every K block is complete (quant.cuh: the reset rule).
-        ready.wait(fq, kNumKBlocks - 1, kNumKBlocks);
-        if (lane == 0) quant::fused_sign_off(fq, kNumKBlocks);
-      }
-    }
   } else {
     // ------------------------------------------------------------------ math
-    if constexpr (kNumMathWG == 2) setmaxnreg_inc<T::kMathRegs>();
+    if constexpr (kNumMathWG == 2) setmaxnreg_inc<232>();
     const uint32_t tid = threadIdx.x % 128;
     const uint32_t warp = tid / 32, lane = tid % 32;
     // Row (within the tile) of sub-tile `v` handled by this warpgroup.

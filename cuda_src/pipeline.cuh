@@ -23,14 +23,13 @@ struct PipeState {
   }
 };
 
-// Called by one thread before any arrival: a full barrier expects
-// `full_arrivals` arrivals (each with its transaction bytes: one per thread
-// that issues the stage's loads), an empty one `empty_arrivals`.
+// Called by one thread before any arrival: a full barrier expects one
+// arrival (plus its transaction bytes), an empty one `empty_arrivals`.
 template <uint32_t kNumStages>
 __device__ __forceinline__ void init_stage_barriers(uint64_t* full_bar, uint64_t* empty_bar,
-                                                    uint32_t empty_arrivals, uint32_t full_arrivals = 1) {
+                                                    uint32_t empty_arrivals) {
   for (uint32_t s = 0; s < kNumStages; ++s) {
-    mbarrier_init(full_bar + s, full_arrivals);
+    mbarrier_init(full_bar + s, 1);
     mbarrier_init(empty_bar + s, empty_arrivals);
   }
 }

@@ -40,7 +40,6 @@
 #pragma once
 #include "common.cuh"
 #include "ptx/griddep.cuh"
-#include "ptx/sync.cuh"
 
 namespace cugemm8 {
 
@@ -296,32 +295,6 @@ __device__ __forceinline__ void quantize_nonfinite(const uint32_t (&raw)[4], flo
   }
 }
 
-// The 1x128 step shared by the per-token cast and the GEMM's in-kernel one
-// (fused_cast_worker): each lane holds one 16-byte load (kVec elements) and
-// the 128 / kVec consecutive lanes of a group hold its 128 elements.
-// group_scale: the group's scale (amax of this lane's values, then a
-// butterfly over the group's lanes; the whole warp must call it).
-template <InDtype kIn, bool kPow2>
-__device__ __forceinline__ float group_scale(const uint32_t (&raw)[4], float min_amax) {
-  constexpr uint32_t kLanesPerGroup = kGroup / InTraits<kIn>::kVec;
-  uint32_t amax = abs_max_bits<kIn>(raw, 0u);
-#pragma unroll
-  for (uint32_t off = kLanesPerGroup / 2; off > 0; off /= 2)
-    amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  return amax_to_scale<kPow2>(abs_bits_to_f32_bits<kIn>(amax), min_amax);
-}
-
-// cast_lane: this lane's kVec payload bytes for its group's `scale`.
-template <InDtype kIn>
-__device__ __forceinline__ void cast_lane(const uint32_t (&raw)[4], float scale,
-                                          uint32_t (&q)[InTraits<kIn>::kVec / 4]) {
-  if (__float_as_uint(scale) < 0x7f800000u) {
-    quantize<kIn>(raw, scaled_reciprocal(scale), q);
-  } else {
-    quantize_nonfinite<kIn>(raw, scale, q);
-  }
-}
-
 template <int kN>
 __device__ __forceinline__ void store_payload(uint8_t* ptr, const uint32_t (&w)[kN / 4]) {
   if constexpr (kN == 8) {
@@ -416,7 +389,13 @@ per_token_cast_kernel(const void* __restrict__ x, uint8_t* __restrict__ a, float
       const uint32_t col = chunk * kChunk + lane * kVec;
       const bool chunk_valid = c0 + u < chunks_per_task;  // warp-uniform
 
-      const float scale = quant::group_scale<kIn, kPow2>(raw[u], min_amax);
+      // Group amax: this lane's kVec values, then a butterfly over its group
+      uint32_t amax = quant::abs_max_bits<kIn>(raw[u], 0u);
+#pragma unroll
+      for (uint32_t off = kLanesPerGroup / 2; off > 0; off /= 2)
+        amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+      const float scale =
+          quant::amax_to_scale<kPow2>(quant::abs_bits_to_f32_bits<kIn>(amax), min_amax);
 
       // Write the scale (first lane of each group) and the padding rows
       const uint32_t group = col / quant::kGroup;
@@ -433,7 +412,11 @@ per_token_cast_kernel(const void* __restrict__ x, uint8_t* __restrict__ a, float
       // Cast and store this lane's kVec payload bytes
       if (chunk_valid && col < k) {
         uint32_t q[kVec / 4];
-        quant::cast_lane<kIn>(raw[u], scale, q);
+        if (__float_as_uint(scale) < 0x7f800000u) {
+          quant::quantize<kIn>(raw[u], quant::scaled_reciprocal(scale), q);
+        } else {
+          quant::quantize_nonfinite<kIn>(raw[u], scale, q);
+        }
         quant::store_payload<kVec>(a_row + col, q);
       }
     }
@@ -713,162 +696,5 @@ cast_transpose_kernel(const void* __restrict__ x, uint8_t* __restrict__ out, flo
                    "r"(src[0]), "r"(src[1]), "r"(src[2]), "r"(src[3]) : "memory");
   }
 }
-
-
-// ---------------------------------------------------------------------------
-// In-GEMM quantisation (gemm_fp8's one-kernel fused path)
-// ---------------------------------------------------------------------------
-//
-// Given FusedQuantArgs, fp8_gemm_1d2d_kernel quantises its own A: two warps of
-// every CTA's producer warpgroup (fused_cast_worker) cast the float
-// activations x [m, k] 1x128 into the workspace -- the per-token cast's
-// payload and MN-major scales, bit for bit (the same group_scale / cast_lane)
-// -- while the producer thread streams B, and a third warp (FusedReady) issues
-// A's TMA loads of K block kb once every row of kb is written.  x is read
-// from global memory once per chunk, by one warp of the whole grid.
-//
-// Work: chunks of kRows rows of one K block, claimed from a counter (sync[0])
-// in K-block-major order by whichever warps are running: the early K blocks
-// are ready first, and no warp ever waits for a CTA that is not resident (any
-// SM budget, MPS limits included), because a waiting CTA's own cast warps
-// keep taking chunks.
-// Readiness: sync[2 + kb] counts the rows of K block kb written (a release
-// add after each chunk's stores); the A warp polls 32 K blocks per round with
-// acquire loads, then fence.proxy.async before its TMA (async-proxy) loads
-// (PTX ISA §8.6 "proxies", §8.8 "release and acquire patterns").
-// Reset: sync[1] counts the participants that are done (2 cast warps and the
-// A warp of every CTA; the A warp only once every K block is complete); the
-// last one zeroes sync[0 .. 2 + kb), so every launch leaves the counters zero,
-// as the next launch on the same workspace needs (the host zeroes them before
-// a workspace's first use: cugemm8/quant.py _ready_workspace).
-// A counter above its target, or a wait past kFusedWaitTimeoutNs, means the
-// counters were not zero at launch: the kernel traps rather than read A
-// before it is written.
-struct FusedQuantArgs {
-  const void* x;          // [m, k] float input (InDtype), row stride x_row_stride elements
-  uint8_t* a;             // payload [m, k] e4m3fn (the GEMM's A), contiguous
-  float* sfa;             // scales [ceil(k / 128), m_pad] f32 (the GEMM's SFA), rows m..m_pad-1 zero
-  uint32_t* sync;         // [2 + ceil(k / 128)] u32 counters, zero at launch and at exit
-  int64_t x_row_stride;   // elements
-  uint32_t m, k, m_pad;   // k: the payload's row length, a multiple of 16; m_pad = align(m, 4)
-  float min_amax;
-  uint32_t pow2;          // nonzero: power-of-two scales
-  uint32_t reserved;
-};
-static_assert(sizeof(FusedQuantArgs) == 64, "the host packs 64 bytes (cugemm8/quant.py FUSED_ARGS_DTYPE)");
-
-namespace quant {
-
-constexpr uint32_t kFusedCastWarps = 2;       // cast warps per CTA (producer warpgroup warps 2, 3)
-constexpr uint32_t kFusedParticipantsPerCta = kFusedCastWarps + 1;   // + the A warp
-constexpr uint64_t kFusedWaitTimeoutNs = 10ull * 1000 * 1000 * 1000;
-// Named barrier (fp8_gemm_1d2d.cuh uses 1..3): the cast warps' first loads of
-// x are issued before the producer thread's first B load.
-constexpr uint32_t kFusedStartBarrier = 5;
-
-// The last participant to sign off zeroes the counters (lane 0 of a warp).
-__device__ __forceinline__ void fused_sign_off(const FusedQuantArgs& p, uint32_t num_kb) {
-  const uint32_t participants = kFusedParticipantsPerCta * gridDim.x * gridDim.y * gridDim.z;
-  if (atom_acq_rel_gpu_add(p.sync + 1, 1u) == participants - 1) {
-    for (uint32_t i = 0; i < 2 + num_kb; ++i) p.sync[i] = 0;
-  }
-}
-
-// One cast warp: chunks of kRows rows x 128 columns, kUnroll 16-byte loads
-// per lane in flight (fewer on the 40 registers of a setmaxnreg producer).
-template <InDtype kIn, uint32_t kUnroll>
-__device__ __forceinline__ void fused_cast_worker(const FusedQuantArgs& p) {
-  using Traits = InTraits<kIn>;
-  constexpr uint32_t kVec = Traits::kVec;
-  constexpr uint32_t kLanesPerGroup = kGroup / kVec;
-  constexpr uint32_t kRowsPerLoad = 32 / kLanesPerGroup;
-  constexpr uint32_t kRows = kUnroll * kRowsPerLoad;
-  const uint32_t lane = threadIdx.x % 32;
-  const uint32_t num_kb = ceil_div(p.k, kGroup);
-  const uint32_t chunks_per_kb = ceil_div(p.m, kRows);
-  const uint32_t total = num_kb * chunks_per_kb;
-  const uint32_t sub_row = lane / kLanesPerGroup, sub_col = (lane % kLanesPerGroup) * kVec;
-  const uint8_t* x = static_cast<const uint8_t*>(p.x);
-  // Lane 0 claims; the value is broadcast only when needed, so the next
-  // claim's round trip overlaps the current chunk.
-  uint32_t claimed = lane == 0 ? atom_relaxed_gpu_add(p.sync, 1u) : 0u;
-  uint32_t c = __shfl_sync(0xffffffffu, claimed, 0);
-  bool first = true;
-  while (c < total) {
-    const uint32_t kb = c / chunks_per_kb;
-    const uint32_t r0 = (c - kb * chunks_per_kb) * kRows;
-    const uint32_t col = kb * kGroup + sub_col;
-    uint32_t raw[kUnroll][4];
-#pragma unroll
-    for (uint32_t u = 0; u < kUnroll; ++u) {
-      const uint32_t row = r0 + u * kRowsPerLoad + sub_row;
-      if (row < p.m && col < p.k) {
-        ld_global_nc_v4(raw[u], x + (static_cast<int64_t>(row) * p.x_row_stride + col) * Traits::kBytes);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) raw[u][j] = 0;
-      }
-    }
-    if (first) {
-      named_barrier_arrive(kFusedStartBarrier, 32u * (1u + kFusedCastWarps));   // B may start now
-      first = false;
-    }
-    if (lane == 0) claimed = atom_relaxed_gpu_add(p.sync, 1u);
-#pragma unroll
-    for (uint32_t u = 0; u < kUnroll; ++u) {
-      const uint32_t row = r0 + u * kRowsPerLoad + sub_row;
-      const float scale = p.pow2 ? group_scale<kIn, true>(raw[u], p.min_amax)
-                                 : group_scale<kIn, false>(raw[u], p.min_amax);
-      if (row < p.m) {
-        if (lane % kLanesPerGroup == 0) {
-          float* dst = p.sfa + static_cast<uint64_t>(kb) * p.m_pad + row;
-          st_global_f32(dst, scale);
-          if (row + 1 == p.m) {
-#pragma unroll
-            for (uint32_t q = 1; q < 4; ++q)
-              if (row + q < p.m_pad) st_global_f32(dst + q, 0.0f);
-          }
-        }
-        if (col < p.k) {
-          uint32_t q[kVec / 4];
-          cast_lane<kIn>(raw[u], scale, q);
-          store_payload<kVec>(p.a + static_cast<uint64_t>(row) * p.k + col, q);
-        }
-      }
-    }
-    // Every lane's stores, then one release that publishes them all.
-    fence_proxy_async_global();
-    __syncwarp();
-    if (lane == 0) red_release_gpu_add(p.sync + 2 + kb, constexpr_min(kRows, p.m - r0));
-    c = __shfl_sync(0xffffffffu, claimed, 0);
-  }
-  if (first) named_barrier_arrive(kFusedStartBarrier, 32u * (1u + kFusedCastWarps));   // no chunk at all
-  if (lane == 0) fused_sign_off(p, num_kb);
-}
-
-// The A warp's view of the counters: K blocks [0, upto) are known complete.
-struct FusedReady {
-  uint32_t upto = 0;
-  // Warp-collective: returns once K blocks [0, kb] are complete, after the
-  // fence that lets this warp's TMA loads read them.
-  __device__ __forceinline__ void wait(const FusedQuantArgs& p, uint32_t kb, uint32_t num_kb) {
-    if (kb < upto) return;
-    const uint32_t lane = threadIdx.x % 32;
-    const uint64_t t0 = globaltimer_ns();
-    for (;;) {
-      const uint32_t i = upto + lane;
-      const uint32_t v = i < num_kb ? ld_acquire_gpu(p.sync + 2 + i) : p.m;
-      if (v > p.m) device_trap();
-      const uint32_t done = __ballot_sync(0xffffffffu, v == p.m);
-      upto += done == 0xffffffffu ? 32u : static_cast<uint32_t>(__ffs(~done)) - 1u;
-      if (kb < upto) break;
-      if (globaltimer_ns() - t0 > kFusedWaitTimeoutNs) device_trap();
-    }
-    __syncwarp();
-    fence_proxy_async_global();
-  }
-};
-
-}  // namespace quant
 
 }  // namespace cugemm8

@@ -77,9 +77,6 @@ if TYPE_CHECKING:
 _HEADER = "fp8_gemm_1d2d.cuh"
 _GEMM_TYPE = {"normal": 0, "contiguous": 1, "masked": 2}
 _NULL = np.uint64(0)
-#: the kernel's FusedQuantArgs parameter (cuda_src/quant.cuh, 64 bytes) when
-#: A is FP8: unused, zero
-_NO_FUSED = np.zeros(1, dtype=np.dtype((np.void, 64)))[0]
 _INT32_MAX = 2 ** 31 - 1
 
 
@@ -261,15 +258,10 @@ def _prepare_sfb(sfb, cupy):
 # launch
 # ----------------------------------------------------------------------------
 
-def _kernel_name(cfg: "_config.GemmConfig", n: int, k: int, gemm_type: int, num_groups: int,
-                 fused_in: int = 0) -> str:
-    """The kernel's name expression; ``fused_in`` (1 + the activations'
-    ``InDtype``, cuda_src/quant.cuh) selects the one-kernel fused path of
-    :func:`cugemm8.gemm_fp8` (0, the default template argument: FP8 A)."""
-    fused = f", {fused_in}" if fused_in else ""
+def _kernel_name(cfg: "_config.GemmConfig", n: int, k: int, gemm_type: int, num_groups: int) -> str:
     return (f"cugemm8::fp8_gemm_1d2d_kernel<{n}, {k}, {cfg.block_m}, {cfg.block_n}, {cfg.num_stages}, "
             f"{cfg.num_multicast}, {'true' if cfg.multicast_on_a else 'false'}, {cfg.swizzle_d}, "
-            f"{gemm_type}, {num_groups}, {cfg.num_k_splits}, {cfg.num_math_warpgroups}{fused}>")
+            f"{gemm_type}, {num_groups}, {cfg.num_k_splits}, {cfg.num_math_warpgroups}>")
 
 
 _printed: set = set()
@@ -321,7 +313,7 @@ def _scale_pitch(sf, rows: int, kb: int) -> int:
 
 
 def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: int, rows: int,
-                    a, sfa, b, sfb, out, layout, groups_a: int, flags: int = 0, fused=None):
+                    a, sfa, b, sfb, out, layout, groups_a: int, flags: int = 0):
     """Encode descriptors; return a :class:`cugemm8._launch.Launcher` (it
     launches on CuPy's current stream at call time, as a programmatic
     dependent launch when :func:`cugemm8.set_pdl` is on or it is called with
@@ -330,14 +322,12 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
     ``rows`` is the per-group row extent of A / SFA / D (m, m_sum or m_max)
     and ``groups_a`` their group count (1 unless masked); ``flags`` extra
     kernel flag bits (``kFlagBEvictFirst`` is added by :func:`b_evict_first`'s
-    rule); ``fused`` the one-kernel fused path's ``(fused_in, FusedQuantArgs
-    bytes)`` (:func:`cugemm8.quant._fused_args`; ``a`` and ``sfa`` are then
-    the workspace's payload and scales, written by the kernel itself).
+    rule).
     """
     kb = -(-k // 128)
     if b_evict_first(rows, cfg.block_m, k):
         flags |= FLAG_B_EVICT_FIRST
-    name = _kernel_name(cfg, n, k, _GEMM_TYPE[kind], num_groups, fused[0] if fused else 0)
+    name = _kernel_name(cfg, n, k, _GEMM_TYPE[kind], num_groups)
     kern = _jit.get_kernel(_HEADER, name, max_dynamic_smem=cfg.smem_bytes)
 
     a_row = _map_stride(a, -2, k)
@@ -369,7 +359,7 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
     # must not keep the caller's memory alive.
     args = (np.uint32(shape_m), np.uint32(box_m), np.uint32(flags), np.uint64(sfb.data.ptr),
             np.uint64(layout.data.ptr) if layout is not None else _NULL, np.uint64(out.data.ptr),
-            np.uint32(d_row // 2), tmap_a, tmap_b, tmap_sfa, tmap_d, fused[1] if fused else _NO_FUSED)
+            np.uint32(d_row // 2), tmap_a, tmap_b, tmap_sfa, tmap_d)
     return Launcher(kern, (cfg.num_sms,), (threads,), args, cfg.smem_bytes)
 
 
@@ -463,9 +453,8 @@ def _launch_cached(key) -> bool:
     launcher = _fast.get(key) if key is not None else None
     if launcher is None:
         return False
-    # A launcher may decline (return False, having launched nothing): then
-    # the call takes the slow path (gemm_fp8's fused path, quant.py).
-    return launcher() is not False
+    launcher()
+    return True
 
 
 def _remember(key, launcher, converted: bool) -> None:

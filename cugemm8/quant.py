@@ -33,13 +33,12 @@ host synchronisation.
 """
 from __future__ import annotations
 
-import collections
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import _config, _device, _jit, _launch
-from ._checks import capturing, check_device_array, check_on_current_device, refuse_temporary_under_capture
+from ._checks import check_device_array, check_on_current_device, refuse_temporary_under_capture
 from .reference.quant import MIN_AMAX_FLOOR, check_quant_options
 
 if TYPE_CHECKING:
@@ -490,30 +489,25 @@ def gemm_fp8(a: cupy.ndarray | tuple[cupy.ndarray, cupy.ndarray],
 
     With float activations ``a`` and already quantised weights ``b`` (the
     decode case: ``gemm_fp8(x, (b, sfb), out)``) this is the **fused
-    bf16-in path**; its output is bit-identical to
-    ``per_token_cast_to_fp8(a)`` followed by
-    :func:`cugemm8.gemm_fp8_fp8_bf16_nt` (the same 1x128 arithmetic and the
-    same GEMM configuration):
-
-    * ``m <= FUSED_ONE_KERNEL_MAX_M`` (128): **one kernel**.  The GEMM
-      quantises ``a`` itself (cuda_src/quant.cuh "In-GEMM quantisation"):
-      two warps of each CTA's producer warpgroup cast chunks of ``a`` into
-      the workspace, claimed in K-block order from a counter, while B
-      streams in; A's TMA loads of a K block wait only until every row of
-      that block is written.  No quantiser launch, no HBM round trip
-      between two kernels, no launch gap.
-    * larger ``m``: the per-token kernel writes the workspace and the GEMM
-      runs as its programmatic dependent (``cuLaunchKernelEx`` with
-      programmatic stream serialization, whatever :func:`cugemm8.set_pdl`
-      says): its CTAs launch while the quantiser runs and its first global
-      access waits for it (``griddepcontrol.wait``).
-
-    Measured on the H200 (``benches/bench_e2e.py``, benches/RESULTS.md
-    v0.12 for the one-kernel form, v0.9 for the two-kernel one).  (v0.9
-    tried a one-kernel form in which idle producer warps converted each
-    stage in shared memory: 2.3-40x slower, every CTA converting its whole
-    A block in a serial chain; the v0.12 form converts each chunk of ``a``
-    once for the whole grid.)
+    bf16-in path**: ``a`` is quantised 1x128 by the per-token kernel into a
+    workspace, and the GEMM is launched as its programmatic dependent
+    (``cuLaunchKernelEx`` with programmatic stream serialization, whatever
+    :func:`cugemm8.set_pdl` says): its CTAs launch and set up while the
+    quantiser runs, and its first global access waits for it
+    (``griddepcontrol.wait``).  The quantised activations
+    (``m * k`` bytes plus scales) stay in L2 between the two kernels.  The
+    output is bit-identical to ``per_token_cast_to_fp8(a)`` followed by
+    :func:`cugemm8.gemm_fp8_fp8_bf16_nt` (same kernels, same configuration;
+    only the launch overlap differs).  Measured on the H200
+    (``benches/bench_e2e.py``, benches/RESULTS.md v0.9): 1.02-1.18x the
+    span of the two-launch path, 1.9-4.2x DeepGEMM's cast + GEMM pair, and
+    the same as the two launches with :func:`cugemm8.set_pdl` on (0.95-1.05x).
+    (v0.9 also streamed B's first K blocks before the wait; that gained
+    nothing and its branch slowed the GEMM's K loop, so v0.10 removed it.)
+    A one-kernel form (idle producer warps quantising each stage in the GEMM)
+    was built, bit-identical, and rejected: 2.3-40x slower, each stage's
+    conversion being a serial load -> float64 -> store chain, and every CTA
+    converting its whole A block.
 
     Any ``m``, ``n`` and ``k`` work for float inputs (the common unaligned
     research case, e.g. 1000 x 1000 x 1000): ``k`` is zero-padded to a
@@ -539,20 +533,12 @@ def gemm_fp8(a: cupy.ndarray | tuple[cupy.ndarray, cupy.ndarray],
             uint8 1-D C-contiguous array of at least
             :func:`gemm_fp8_workspace_bytes` ``(m, k)`` bytes, 16-byte
             aligned, on the current device, overlapping no operand, that
-            receives the quantised ``a`` and, in its first bytes, the
-            one-kernel path's counters (keyword-only).  Any contents will
-            do: cugemm8 zeroes the counters before a workspace's first use
-            (a ``cudaMemsetAsync`` on the current stream, captured as a
-            memset node under CUDA-graph capture) and every call leaves them
-            zero; it keeps a reference to the 16 workspaces it last zeroed,
-            so that their addresses are not reused meanwhile.  Do not write
-            into a workspace between calls, nor share one between launches
-            that may run concurrently.  When None, gemm_fp8 uses a
-            workspace of its own per stream (m <= 128) or a temporary per
-            call.  Needed under CUDA-graph capture (keep it alive as long as
-            the graph).  A call with a workspace, ``out``, ``k % 16 == 0``
-            and a contiguous ``sfb`` is cached like the GEMMs' repeated
-            calls.
+            receives the quantised ``a`` (keyword-only).  When None, a
+            temporary is allocated per call.  Needed under CUDA-graph capture
+            (keep it alive as long as the graph, and do not share it between
+            launches that may run concurrently).  A call with a workspace,
+            ``out``, ``k % 16 == 0`` and a contiguous ``sfb`` is cached like
+            the GEMMs' repeated calls.
 
     Returns:
         ``out``, bfloat16 ``[m, n]``.  When ``out`` is None and ``n % 8 != 0``
@@ -656,11 +642,9 @@ def gemm_fp8_workspace_bytes(m: int, k: int) -> int:
     needs for activations ``[m, k]``.
 
     Layout (``k_pad = ceil(k/16)*16``, ``kb = ceil(k_pad/128)``,
-    ``m_pad = ceil(m/4)*4``, each part starting at a multiple of 256
-    bytes): ``2 + kb`` uint32 counters of the one-kernel path at byte 0
-    (cuda_src/quant.cuh "In-GEMM quantisation"; zero between calls), then
-    the e4m3fn payload ``[m, k_pad]``, then the float32 scales ``[kb,
-    m_pad]`` (MN-major, as :func:`per_token_cast_to_fp8` stores them).
+    ``m_pad = ceil(m/4)*4``): the e4m3fn payload ``[m, k_pad]`` at byte 0,
+    then, at the next multiple of 256 bytes, the float32 scales
+    ``[kb, m_pad]`` (MN-major, as :func:`per_token_cast_to_fp8` stores them).
 
     Raises:
         TypeError: ``m`` or ``k`` not an int.
@@ -671,118 +655,15 @@ def gemm_fp8_workspace_bytes(m: int, k: int) -> int:
             raise TypeError(f"{name} must be an int, got {type(v).__name__}")
         if v < 0:
             raise ValueError(f"{name} must be >= 0, got {v}")
-    return _workspace_layout(int(m), int(k))[-1] if m and k else 0
+    return _workspace_layout(int(m), int(k))[-1]
 
 
 def _workspace_layout(m: int, k: int) -> tuple:
-    """``(k_pad, kb, m_pad, a_offset, sfa_offset, total_bytes)`` of the fused
-    path's workspace (see :func:`gemm_fp8_workspace_bytes`); the counters
-    are its first ``4 * (2 + kb)`` bytes."""
+    """``(k_pad, kb, m_pad, sfa_offset, total_bytes)`` of the fused path's workspace."""
     kp = padded_k(k)
     kb, m_pad = -(-kp // _GROUP), -(-m // 4) * 4
-    a_off = -(-(4 * (2 + kb)) // 256) * 256
-    sfa_off = a_off + -(-(m * kp) // 256) * 256
-    return kp, kb, m_pad, a_off, sfa_off, sfa_off + kb * m_pad * 4
-
-
-#: the largest m for which gemm_fp8's fused path quantises inside the GEMM
-#: (one kernel); above it the per-token kernel runs first, the GEMM as its
-#: programmatic dependent.  Each CTA's two cast warps read x at a few hundred
-#: GB/s in all, which hides under the GEMM's B stream at decode sizes only
-#: (benches/RESULTS.md v0.12).
-FUSED_ONE_KERNEL_MAX_M = 128
-
-def one_kernel_fused(m: int, cfg) -> bool:
-    """Whether :func:`gemm_fp8`'s fused path runs as one kernel for ``m``
-    rows under GEMM configuration ``cfg``: ``m <= FUSED_ONE_KERNEL_MAX_M``,
-    and the producer warpgroup has registers for the cast warps (one math
-    warpgroup, or BLOCK_N <= 128: fp8_gemm_1d2d.cuh kFusedWideProducer)."""
-    return m <= FUSED_ONE_KERNEL_MAX_M and (cfg.num_math_warpgroups == 1 or cfg.block_n <= 128)
-
-
-#: the kernel's FusedQuantArgs (cuda_src/quant.cuh), field by field
-FUSED_ARGS_DTYPE = np.dtype([("x", "<u8"), ("a", "<u8"), ("sfa", "<u8"), ("sync", "<u8"),
-                             ("x_row_stride", "<i8"), ("m", "<u4"), ("k", "<u4"), ("m_pad", "<u4"),
-                             ("min_amax", "<f4"), ("pow2", "<u4"), ("reserved", "<u4")])
-assert FUSED_ARGS_DTYPE.itemsize == 64
-_IN_DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}   # InDtype
-
-
-def _fused_args(x, a_q, sfa_buf, sync_ptr: int, m_pad: int, min_amax_f32, pow2_scale) -> np.void:
-    """The 64 bytes of the kernel's FusedQuantArgs for ``x [m, k]`` (rows
-    16-byte aligned), the workspace's payload ``a_q [m, k]``, scales
-    ``sfa_buf [1, kb, m_pad]`` and counters at ``sync_ptr``."""
-    v = np.zeros((), dtype=FUSED_ARGS_DTYPE)
-    v["x"], v["a"], v["sfa"], v["sync"] = x.data.ptr, a_q.data.ptr, sfa_buf.data.ptr, sync_ptr
-    v["x_row_stride"] = _kernel_operand(x)[2]
-    v["m"], v["k"], v["m_pad"] = x.shape[0], x.shape[1], m_pad
-    v["min_amax"], v["pow2"] = min_amax_f32, int(bool(pow2_scale))
-    return np.frombuffer(v.tobytes(), dtype=np.dtype((np.void, 64)))[0]
-
-
-# Workspaces whose first counters are known to be zero: (device, address) ->
-# [their memory (held, so the address cannot be handed to another array
-# while it is listed), the count known zero].  A kernel of the one-kernel
-# path leaves its 2 + kb counters zero; a call's payload may overwrite the
-# counters of a larger layout beyond its own, so each call leaves at most
-# its own count known.  The oldest of _ZEROED_MAX entries is dropped (and
-# re-zeroed if it comes back).
-_ZEROED_MAX = 16
-_zeroed: "collections.OrderedDict[tuple, list]" = collections.OrderedDict()
-
-
-def _counters_known_zero(key, counters: int) -> bool:
-    """Whether the workspace ``key``'s first ``counters`` counters are known
-    zero (then it stays listed, with this call's count)."""
-    entry = _zeroed.get(key)
-    if entry is None or entry[1] < counters:
-        return False
-    _zeroed.move_to_end(key)
-    entry[1] = counters
-    return True
-
-
-def _ready_workspace(key, data, sync_ptr: int, counters: int, cupy) -> None:
-    """Make sure the ``counters`` counters at ``sync_ptr`` are zero before a
-    one-kernel launch: known (listed), else zeroed on the current stream
-    (``cudaMemsetAsync``; under CUDA-graph capture a memset node) and
-    listed, holding ``data`` (the workspace's memory)."""
-    if _counters_known_zero(key, counters):
-        return
-    cupy.cuda.runtime.memsetAsync(sync_ptr, 0, 4 * counters, cupy.cuda.get_current_stream().ptr)
-    if capturing(cupy):
-        return            # zeroed by the graph's replays, not yet in eager stream order
-    _zeroed[key] = [data, counters]
-    _zeroed.move_to_end(key)
-    while len(_zeroed) > _ZEROED_MAX:
-        _zeroed.popitem(last=False)
-
-
-def _clobbered_workspace(key, counters: int) -> None:
-    """The two-kernel path writes its payload after its own ``counters``."""
-    entry = _zeroed.get(key)
-    if entry is not None and entry[1] > counters:
-        entry[1] = counters
-
-
-# gemm_fp8's own workspaces for calls without one: (device, stream) -> array,
-# counters zero (allocated with cupy.zeros, left zero by every launch; calls
-# on one stream run in order).
-_INTERNAL_MAX = 8
-_internal: "collections.OrderedDict[tuple, object]" = collections.OrderedDict()
-
-
-def _internal_workspace(nbytes: int, one_kernel: bool, cupy):
-    if not one_kernel:
-        return cupy.empty(nbytes, dtype=np.uint8)
-    key = (_device.current_device_id(), cupy.cuda.get_current_stream().ptr)
-    ws = _internal.get(key)
-    if ws is None or ws.size < nbytes:
-        ws = _internal[key] = cupy.zeros(max(nbytes, 1 << 20), dtype=np.uint8)
-    _internal.move_to_end(key)
-    while len(_internal) > _INTERNAL_MAX:
-        _internal.popitem(last=False)
-    return ws
+    off = -(-(m * kp) // 256) * 256
+    return kp, kb, m_pad, off, off + kb * m_pad * 4
 
 
 def _check_workspace(ws, m: int, k: int, fused: bool, others: dict, cupy) -> None:
@@ -825,50 +706,27 @@ def _gemm_fp8_fused(x, b, out, workspace, pow2_scale, key, cupy, gemm):
     min_amax_f32 = check_quant_options(_DEFAULT_MIN_AMAX, pow2_scale)
     xk = _in_place_or_copy(_pad_k("a", x, cupy), cupy)
     m, kp = xk.shape
-    _, kb, m_pad, a_off, sfa_off, total = _workspace_layout(m, kp)
+    _, kb, m_pad, off, total = _workspace_layout(m, kp)
+    ws = workspace if workspace is not None else cupy.empty(total, dtype=np.uint8)
+    a_q = ws[:m * kp].reshape(m, kp)
+    sfa_buf = ws[off:total].view(np.float32).reshape(1, kb, m_pad)
+    sfa = sfa_buf[0].T[:m]                       # [m, kb], strides (4, 4 * m_pad)
     b_q = gemm._as_fp8("b payload", b[0], 2, cupy)
     sfb = gemm._prepare_sfb(b[1], cupy)
     n = b_q.shape[0]
-    cfg = gemm._select("normal", m, n, kp, 1)
-    one_kernel = one_kernel_fused(m, cfg)
-    ws = workspace if workspace is not None else _internal_workspace(total, one_kernel, cupy)
-    a_q = ws[a_off:a_off + m * kp].reshape(m, kp)
-    sfa_buf = ws[sfa_off:total].view(np.float32).reshape(1, kb, m_pad)
-    sfa = sfa_buf[0].T[:m]                       # [m, kb], strides (4, 4 * m_pad)
     if out is None:
         import ml_dtypes
         out = cupy.empty((m, n), dtype=ml_dtypes.bfloat16)
-    counters = 2 + kb
-    ws_key = (ws.data.device_id, ws.data.ptr)
-    if one_kernel:
-        # The GEMM quantises x itself (cuda_src/quant.cuh "In-GEMM quantisation").
-        fused = (1 + _IN_DTYPE_CODES[xk.dtype.name],
-                 _fused_args(xk, a_q, sfa_buf, ws.data.ptr, m_pad, min_amax_f32, pow2_scale))
-        gemm_launch = gemm._prepare_launch(cfg, "normal", n, kp, 1, m, m, a_q, sfa, b_q, sfb, out, None, 1,
-                                           fused=fused)
-        _ready_workspace(ws_key, ws.data, ws.data.ptr, counters, cupy)
+    cfg = gemm._select("normal", m, n, kp, 1)
+    # Every descriptor is encoded before the first launch.
+    gemm_launch = gemm._prepare_launch(cfg, "normal", n, kp, 1, m, m, a_q, sfa, b_q, sfb, out, None, 1)
+    quant_launch = _launch_per_token(xk, a_q[None], sfa_buf, min_amax_f32, bool(pow2_scale), cupy,
+                                     launch=False)
 
-        def run():
-            # A repeated call (gemm._launch_cached) whose workspace is no
-            # longer listed takes the slow path, which zeroes and lists it.
-            if not _counters_known_zero(ws_key, counters):
-                return False
-            gemm_launch()
-            return True
-    else:
-        # Every descriptor is encoded before the first launch.
-        gemm_launch = gemm._prepare_launch(cfg, "normal", n, kp, 1, m, m, a_q, sfa, b_q, sfb, out, None, 1)
-        quant_launch = _launch_per_token(xk, a_q[None], sfa_buf, min_amax_f32, bool(pow2_scale), cupy,
-                                         launch=False)
-
-        def run():
-            _clobbered_workspace(ws_key, counters)
-            quant_launch()
-            gemm_launch(pdl=True)
-    if one_kernel:
-        gemm_launch()            # the counters are zero in stream order (_ready_workspace)
-    else:
-        run()
+    def run():
+        quant_launch()
+        gemm_launch(pdl=True)
+    run()
     if xk is x and sfb is b[1]:
         gemm._remember(key, run, False)
     return out

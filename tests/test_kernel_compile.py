@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from cugemm8 import _config, _jit, gemm as _gemm, quant as _quant
+from cugemm8 import _config, _jit, gemm as _gemm
 from cugemm8._shapes import DEEPSEEK_NK
 
 pytestmark = pytest.mark.compile
@@ -38,37 +38,8 @@ ONE_WARPGROUP = [("normal", 128, 8, 1, 32768, 512), ("normal", 64, 13, 1, 4096, 
                  ("masked", 128, 7, 1, 1000, 768), ("contiguous", 32, 8, 2, 520, 1168)]
 
 
-# gemm_fp8's one-kernel fused path (kFusedIn = 1 + InDtype): the picks for
-# every decode-sized DeepSeek-V3 shape with bf16 activations, fp16 and fp32 on
-# two of them, and the producer layouts its GPU tests force
-# (tests/test_pdl_fused_gpu.py ONE_KERNEL_CONFIGS, N = 2120, K = 2048).
-FUSED_BF16, FUSED_FP16, FUSED_FP32 = 3, 2, 1
-FUSED_MS = (1, 64, 128)
-
-
-def _fused_names():
-    from tests.test_pdl_fused_gpu import ONE_KERNEL_CONFIGS
-    names = set()
-    for m in FUSED_MS:
-        for n, k in DEEPSEEK_NK:
-            cfg = _config.select_config("normal", m, n, k, num_sms=132)
-            if not _quant.one_kernel_fused(m, cfg):
-                continue                          # the two-kernel form: no kFusedIn instantiation
-            names.add(_gemm._kernel_name(cfg, n, k, 0, 1, FUSED_BF16))
-            if (n, k) in ((2112, 7168), (32768, 512)) and m in (1, 128):
-                for code in (FUSED_FP16, FUSED_FP32):
-                    names.add(_gemm._kernel_name(cfg, n, k, 0, 1, code))
-    for bm, bn, st, opts in ONE_KERNEL_CONFIGS:
-        cfg = _config.make_config("normal", bm, bn, st, 2048, num_sms=132, **opts)
-        assert _config.is_legal(cfg, k=2048)[0]
-        if not _quant.one_kernel_fused(64, cfg):
-            continue
-        names.add(_gemm._kernel_name(cfg, 2120, 2048, 0, 1, FUSED_BF16))
-    return names
-
-
 def _names():
-    names = set(_fused_names())
+    names = set()
     for m, n, k in NORMAL:
         cfg = _config.select_config("normal", m, n, k, num_sms=132)
         names.add(_gemm._kernel_name(cfg, n, k, 0, 1))
@@ -125,69 +96,6 @@ def test_sass_uses_fp8_wgmma(report, sass_tools):
         # tiny partial sum is flushed (the split-K reductions were, to v0.5)
         ftz = re.findall(r"\bF(?:ADD|MUL|FMA)\S*\.FTZ\b", body)
         assert not ftz, f"{name}: flush-to-zero arithmetic {sorted(set(ftz))}"
-
-
-_SASS_INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
-
-
-def _registers_reachable_from(body: str, start_opcode: str) -> set:
-    """General registers (R<n>) of every SASS instruction reachable from the
-    first ``start_opcode`` instruction: fall-through and BRA targets
-    (predicated branches and exits both ways), up to EXIT."""
-    insns = {}
-    order = []
-    for m in _SASS_INSN.finditer(body):
-        addr = int(m.group(1), 16)
-        insns[addr] = (m.group(2), m.group(3), m.group(4))
-        order.append(addr)
-    nxt = {a: b for a, b in zip(order, order[1:])}
-    todo = [a for a in order if insns[a][1].startswith(start_opcode)][:1]
-    assert todo, start_opcode
-    seen, regs = set(), set()
-    while todo:
-        a = todo.pop()
-        if a in seen or a not in insns:
-            continue
-        seen.add(a)
-        pred, op, args = insns[a]
-        regs.update(int(r) for r in re.findall(r"\bR(\d+)\b", args))
-        if op.startswith("BRA"):
-            target = re.search(r"0x([0-9a-f]+)", args)
-            assert target, (hex(a), op, args)
-            todo.append(int(target.group(1), 16))
-            if pred and a in nxt:
-                todo.append(nxt[a])
-        elif op.startswith("EXIT") or op.startswith("RET"):
-            if pred and a in nxt:
-                todo.append(nxt[a])
-        else:
-            assert not op.startswith(("BRX", "JMX", "CALL")), f"indirect control flow at {hex(a)}: {op}"
-            if a in nxt:
-                todo.append(nxt[a])
-    return regs
-
-
-def test_fused_producer_stays_within_its_setmaxnreg_budget(report, sass_tools):
-    """The one-kernel fused path runs its cast warps and its A warp on the
-    producer warpgroup, which setmaxnreg shrinks (to 104 registers in the
-    fused kernels, kFusedWideProducer) when there are two math warpgroups:
-    no instruction reachable after setmaxnreg.dec may touch a register at or
-    above that count (their contents are undefined then; PTX ISA
-    "setmaxnreg")."""
-    funcs = re.split(r"\n\s*Function : ", report.sass)[1:]
-    # the kernel's last template argument, kFusedIn, is 1, 2 or 3 (mangled "Lj<n>E" before "EEv")
-    fused = [b for b in funcs if re.search(r"ELj[123]EEEv", b.splitlines()[0])]
-    assert len(fused) == len(_fused_names())
-    checked = 0
-    for body in fused:
-        if "USETMAXREG.DEALLOC" not in body:
-            continue                              # one math warpgroup: no setmaxnreg
-        limit = int(re.search(r"USETMAXREG\.DEALLOC\S*\s+(0x[0-9a-f]+)", body).group(1), 16)
-        assert limit == 104, f"setmaxnreg.dec {limit}: the fused kernels' producer keeps 104 registers"
-        regs = _registers_reachable_from(body, "USETMAXREG.DEALLOC")
-        assert max(regs) < limit, f"{body.splitlines()[0].strip()}: the producer uses R{max(regs)} after setmaxnreg.dec {limit}"
-        checked += 1
-    assert checked >= 5
 
 
 def test_split_k_exchange_uses_cluster_scope(report):

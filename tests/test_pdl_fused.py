@@ -91,12 +91,10 @@ def test_launcher_rejects_an_unknown_argument_type():
 # ---------------------------------------------------------------- workspace
 
 def test_workspace_bytes_layout():
-    # 2 + kb uint32 counters, payload m x k_pad, float32 [kb, m_pad], each at a 256-byte boundary
-    assert cugemm8.gemm_fp8_workspace_bytes(1, 7168) == 256 + 7168 + 56 * 4 * 4
-    assert cugemm8.gemm_fp8_workspace_bytes(3, 1000) == 256 + 3072 + 8 * 4 * 4   # 3*1008 -> 3072
-    assert cugemm8.gemm_fp8_workspace_bytes(64, 16384 * 4) == 2304 + 64 * 65536 + 512 * 64 * 4
+    # payload m x k_pad, then (at a 256-byte boundary) float32 [kb, m_pad]
+    assert cugemm8.gemm_fp8_workspace_bytes(1, 7168) == 7168 + 56 * 4 * 4
+    assert cugemm8.gemm_fp8_workspace_bytes(3, 1000) == 3072 + 8 * 4 * 4   # 3*1008 -> 3072
     assert cugemm8.gemm_fp8_workspace_bytes(0, 128) == 0
-    assert cugemm8.gemm_fp8_workspace_bytes(4, 0) == 0
     with pytest.raises(TypeError, match="m must be an int"):
         cugemm8.gemm_fp8_workspace_bytes(1.0, 128)
     with pytest.raises(ValueError, match="k must be >= 0"):
@@ -179,29 +177,10 @@ def _stub_gemm_launches(monkeypatch):
     return rec
 
 
-def _stub_workspace_memset(monkeypatch):
-    """Records the counters' zeroing (cudaMemsetAsync) instead of running it."""
-    memsets = []
-    monkeypatch.setattr(cupy.cuda.runtime, "memsetAsync",
-                        lambda ptr, value, nbytes, stream: memsets.append((ptr, value, nbytes)))
-    monkeypatch.setattr(_quant, "_zeroed", type(_quant._zeroed)())
-
-    class _Stream:
-        ptr = 0
-
-        def is_capturing(self):
-            return False
-    monkeypatch.setattr(cupy.cuda, "get_current_stream", lambda: _Stream())
-    return memsets
-
-
-@pytest.mark.parametrize("m,k", [(129, 7168), (256, 1536), (300, 1000)])
-def test_two_kernel_path_quantises_into_the_workspace_then_launches_the_gemm_as_its_dependent(
-        monkeypatch, m, k):
-    # m > FUSED_ONE_KERNEL_MAX_M: the per-token kernel, then the GEMM as its dependent
+@pytest.mark.parametrize("m,k", [(1, 7168), (64, 7168), (128, 1536), (5, 1000)])
+def test_fused_path_quantises_into_the_workspace_then_launches_the_gemm_as_its_dependent(monkeypatch, m, k):
     n = 2112
     rec = _stub_gemm_launches(monkeypatch)
-    memsets = _stub_workspace_memset(monkeypatch)
     monkeypatch.setattr(_gemm, "_select",
                         lambda kind, m_, n_, k_, g: _config.select_config(kind, m_, n_, k_, num_sms=132))
     order = []
@@ -222,93 +201,21 @@ def test_two_kernel_path_quantises_into_the_workspace_then_launches_the_gemm_as_
     ws = fake((cugemm8.gemm_fp8_workspace_bytes(m, k),), np.uint8)
     _gemm.clear_launch_cache()
     try:
-        assert m > _quant.FUSED_ONE_KERNEL_MAX_M
         assert cugemm8.gemm_fp8(x, _weights(n, kp), out, workspace=ws) is out
         kb, m_pad = -(-kp // 128), -(-m // 4) * 4
-        a_off = -(-(4 * (2 + kb)) // 256) * 256
-        sfa_off = a_off + -(-(m * kp) // 256) * 256
-        assert order[0] == ("quant", (m, kp), ws.data.ptr + a_off, ws.data.ptr + sfa_off, (1, kb, m_pad))
+        off = -(-(m * kp) // 256) * 256
+        assert order[0] == ("quant", (m, kp), ws.data.ptr, ws.data.ptr + off, (1, kb, m_pad))
         assert order[1][0] == "quant launch"
         assert order[2][0] == "pdl"                       # the GEMM: always a programmatic dependent
         args = order[2][1]
         flags = _gemm.FLAG_B_EVICT_FIRST if _gemm.b_evict_first(m, _gemm._select("normal", m, n, kp, 1).block_m,
                                                                 kp) else 0
         assert int(args[0]) == m and int(args[2]) == flags    # shape_m, flags
-        assert args[-1].tobytes() == bytes(64)            # no FusedQuantArgs
         a_map, sfa_map = rec.maps[0], rec.maps[2]
-        assert a_map[1] == ws.data.ptr + a_off and sfa_map[1] == ws.data.ptr + sfa_off
+        assert a_map[1] == ws.data.ptr and sfa_map[1] == ws.data.ptr + off
         assert rec.launches == 0                          # nothing went through CuPy's launcher
-        assert memsets == []                              # the counters are the one-kernel path's
     finally:
         _gemm.clear_launch_cache()
-
-
-@pytest.mark.parametrize("m,k,dtype,code", [(1, 7168, BF16, 2), (64, 7168, BF16, 2), (128, 1536, np.float16, 1),
-                                            (5, 1008, np.float32, 0)])
-def test_one_kernel_path_passes_the_quantisation_to_the_gemm(monkeypatch, m, k, dtype, code):
-    n = 2112
-    rec = _stub_gemm_launches(monkeypatch)
-    memsets = _stub_workspace_memset(monkeypatch)
-    names = []
-    get_kernel = rec.get_kernel
-    monkeypatch.setattr(rec, "get_kernel", lambda header, name, **kw: names.append(name) or get_kernel(header, name))
-    from cugemm8 import _jit
-    monkeypatch.setattr(_jit, "get_kernel", rec.get_kernel)
-    monkeypatch.setattr(_gemm, "_select",
-                        lambda kind, m_, n_, k_, g: _config.select_config(kind, m_, n_, k_, num_sms=132))
-    monkeypatch.setattr(_quant, "_launch_per_token",
-                        lambda *a, **kw: pytest.fail("the one-kernel path launches no quantiser"))
-    x, out = fake((m, k), dtype), fake((m, n), BF16)
-    ws = fake((cugemm8.gemm_fp8_workspace_bytes(m, k),), np.uint8)
-    _gemm.clear_launch_cache()
-    try:
-        assert m <= _quant.FUSED_ONE_KERNEL_MAX_M
-        assert cugemm8.gemm_fp8(x, _weights(n, k), out, workspace=ws) is out
-        kb, m_pad = -(-k // 128), -(-m // 4) * 4
-        a_off = -(-(4 * (2 + kb)) // 256) * 256
-        sfa_off = a_off + -(-(m * k) // 256) * 256
-        assert rec.launches == 1 and len(names) == 1      # one kernel, PDL off: CuPy's launcher
-        assert names[0].endswith(f", {1 + code}>")        # kFusedIn = 1 + InDtype
-        fq = np.frombuffer(rec.args[-1].tobytes(), dtype=_quant.FUSED_ARGS_DTYPE)[0]
-        assert int(fq["x"]) == x.data.ptr and int(fq["a"]) == ws.data.ptr + a_off
-        assert int(fq["sfa"]) == ws.data.ptr + sfa_off and int(fq["sync"]) == ws.data.ptr
-        assert (int(fq["m"]), int(fq["k"]), int(fq["m_pad"])) == (m, k, m_pad)
-        assert int(fq["x_row_stride"]) == (k if m > 1 else 0) and int(fq["pow2"]) == 0
-        assert float(fq["min_amax"]) == np.float32(1e-4)
-        a_map, sfa_map = rec.maps[0], rec.maps[2]
-        assert a_map[1] == ws.data.ptr + a_off and sfa_map[1] == ws.data.ptr + sfa_off
-        # the counters are zeroed before the first launch on this workspace, not again
-        assert memsets == [(ws.data.ptr, 0, 4 * (2 + kb))]
-        cugemm8.gemm_fp8(x, _weights(n, k), out, workspace=ws)
-        assert rec.launches == 2 and len(memsets) == 1
-    finally:
-        _gemm.clear_launch_cache()
-
-
-def test_workspace_counters_known_zero_follow_the_layouts(monkeypatch):
-    # A call's payload may overwrite the counters of a larger layout: only its own stay known.
-    memsets = _stub_workspace_memset(monkeypatch)
-    key, data = (0, 0x1000), object()
-    _quant._ready_workspace(key, data, 0x1000, 10, cupy)
-    _quant._ready_workspace(key, data, 0x1000, 10, cupy)
-    _quant._ready_workspace(key, data, 0x1000, 4, cupy)
-    assert len(memsets) == 1
-    _quant._ready_workspace(key, data, 0x1000, 10, cupy)           # 4 known, 10 needed
-    assert memsets[-1] == (0x1000, 0, 40) and len(memsets) == 2
-    _quant._clobbered_workspace(key, 3)                            # a two-kernel call's payload
-    _quant._ready_workspace(key, data, 0x1000, 4, cupy)
-    assert len(memsets) == 3
-    for i in range(_quant._ZEROED_MAX):                            # the oldest entries are dropped
-        _quant._ready_workspace((0, 0x10000 + 256 * i), data, 0x10000 + 256 * i, 4, cupy)
-    assert key not in _quant._zeroed and len(_quant._zeroed) == _quant._ZEROED_MAX
-
-
-def test_workspace_zeroing_under_capture_is_not_remembered(monkeypatch):
-    memsets = _stub_workspace_memset(monkeypatch)
-    monkeypatch.setattr(_quant, "capturing", lambda cupy: True)
-    _quant._ready_workspace((0, 0x2000), object(), 0x2000, 5, cupy)
-    _quant._ready_workspace((0, 0x2000), object(), 0x2000, 5, cupy)
-    assert len(memsets) == 2 and (0, 0x2000) not in _quant._zeroed
 
 
 def test_fused_cache_key_keeps_the_pow2_scale_value(monkeypatch):
@@ -337,16 +244,15 @@ def test_fused_repeated_call_is_cached(monkeypatch):
     b = _weights(n, k)
     ws = fake((cugemm8.gemm_fp8_workspace_bytes(m, k),), np.uint8)
     _gemm.clear_launch_cache()
-    _stub_workspace_memset(monkeypatch)
     try:
         cugemm8.gemm_fp8(x, b, out, workspace=ws)
         cugemm8.gemm_fp8(x, b, out, workspace=ws)
         assert selected == ["normal"]                 # validated and configured once
-        assert rec.launches == 2                      # the one-kernel GEMM twice (CuPy launcher, PDL off)
-        assert len(_ExRecorder.log) == 0
+        assert rec.launches == 2                      # the quantiser twice (CuPy launcher, PDL off)
+        assert len(_ExRecorder.log) == 2              # the GEMM twice, as a dependent
         cugemm8.set_pdl(True)
-        cugemm8.gemm_fp8(x, b, out, workspace=ws)     # now a programmatic dependent
-        assert rec.launches == 2 and len(_ExRecorder.log) == 1
+        cugemm8.gemm_fp8(x, b, out, workspace=ws)     # now the quantiser is a dependent too
+        assert rec.launches == 2 and len(_ExRecorder.log) == 4
     finally:
         _gemm.clear_launch_cache()
 

@@ -101,11 +101,6 @@ __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t num_thr
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(num_threads) : "memory");
 }
 
-// Arrive on named barrier `id` without waiting (its waiters use named_barrier_sync).
-__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t num_threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(num_threads) : "memory");
-}
-
 __device__ __forceinline__ uint32_t cluster_cta_rank() {
   uint32_t r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
@@ -120,45 +115,6 @@ __device__ __forceinline__ void cluster_sync() {
 // async-proxy (TMA) reads of them.
 __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
-// Global-memory synchronisation between the CTAs of one grid (gemm_fp8's
-// one-kernel fused path, quant.cuh "In-GEMM quantisation"): PTX ISA §8
-// (memory consistency model: release / acquire at .gpu scope) and §9.7.12
-// ("ld", "red", "atom").
-__device__ __forceinline__ uint32_t ld_acquire_gpu(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void red_release_gpu_add(uint32_t* p, uint32_t v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ uint32_t atom_relaxed_gpu_add(uint32_t* p, uint32_t v) {
-  uint32_t old;
-  asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
-}
-
-__device__ __forceinline__ uint32_t atom_acq_rel_gpu_add(uint32_t* p, uint32_t v) {
-  uint32_t old;
-  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
-}
-
-// Order this thread's generic-proxy global accesses with its later
-// async-proxy (TMA) ones (PTX ISA "membar / fence": fence.proxy.async).
-__device__ __forceinline__ void fence_proxy_async_global() {
-  asm volatile("fence.proxy.async.global;" ::: "memory");
-}
-
-// Nanoseconds of the global timer (PTX ISA §10 special registers: %globaltimer).
-__device__ __forceinline__ uint64_t globaltimer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
 }
 
 template <uint32_t kRegs>

@@ -535,7 +535,11 @@ per_block_cast_kernel(const void* __restrict__ x, uint8_t* __restrict__ out, flo
 // written as zeros), so that the reduction dimension R becomes contiguous:
 //   * kPerColumn (the wgrad operands, x = activations or output gradients
 //     [tokens, channels]): one scale per channel and 128 tokens, i.e. 1x128
-//     along R; scales sf [g, C, ceil(R/128)]: bit-identical to
+//     along R; scale (c, rb) of batch b at sf + b * sf_batch_stride +
+//     c * sf_col_stride + rb * sf_block_stride for c < sf_cols, zero for
+//     c >= C: row-major [g, C, ceil(R/128)] (sf_cols = C), or the 1D1D
+//     GEMM's MN-major TMA-aligned [g, ceil(R/128), align(C, 4)] (sf_cols =
+//     align(C, 4), the padding channels zero); bit-identical to
 //     per_token_cast_kernel applied to x^T (cugemm8/reference/training.py
 //     per_token_cast_to_fp8_t);
 //   * !kPerColumn (weights [n, k] for dgrad): one scale per 128x128 tile,
@@ -555,7 +559,9 @@ template <InDtype kIn, bool kPow2, bool kPerColumn>
 __global__ void __launch_bounds__(quant::kThreads, 1)
 cast_transpose_kernel(const void* __restrict__ x, uint8_t* __restrict__ out, float* __restrict__ sf,
                       uint32_t rows, uint32_t cols, uint32_t r_pad, uint32_t r_blocks, uint32_t c_blocks,
-                      int64_t x_batch_stride, int64_t x_row_stride, float min_amax) {
+                      int64_t x_batch_stride, int64_t x_row_stride, float min_amax,
+                      uint64_t sf_batch_stride, uint32_t sf_col_stride, uint32_t sf_block_stride,
+                      uint32_t sf_cols) {
   using Traits = quant::InTraits<kIn>;
   constexpr uint32_t kVec = Traits::kVec;
   constexpr uint32_t kVecsPerRow = quant::kGroup / kVec;          // threads per row quad
@@ -658,8 +664,10 @@ cast_transpose_kernel(const void* __restrict__ x, uint8_t* __restrict__ out, flo
     const bool scale_nan = __float_as_uint(scale) > 0x7f800000u;
     const double recip = finite ? quant::scaled_reciprocal(scale) : 0.0;
     if constexpr (kPerColumn) {
-      if (quad == 0 && col + j < cols)
-        quant::st_global_f32(sf + (static_cast<uint64_t>(b) * cols + col + j) * r_blocks + rb, scale);
+      if (quad == 0 && col + j < sf_cols)
+        quant::st_global_f32(sf + b * sf_batch_stride + static_cast<uint64_t>(col + j) * sf_col_stride +
+                                 static_cast<uint64_t>(rb) * sf_block_stride,
+                             col + j < cols ? scale : 0.0f);
     }
 #pragma unroll
     for (uint32_t p = 0; p < kPasses; ++p) {

@@ -13,11 +13,12 @@ every GPU result is checked against
 :func:`~cugemm8.reference.training.error_bound_1d1d` in the tests).  For a
 linear layer ``y = x @ w.T`` the weight gradient ``dW = dY^T X`` is this GEMM
 with K = tokens: ``A, SFA = per_token_cast_to_fp8_t(dy)`` and ``B, SFB =
-per_token_cast_to_fp8_t(x)``.  Those quantisers return row-major
-(K-major) scales; the kernel reads MN-major ones, so each call converts
-them (a small copy kernel and a temporary each; refused under CUDA-graph
-capture): convert once with :func:`cugemm8.get_col_major_tma_aligned_tensor`
-when the same operands are used more than once or captured.
+per_token_cast_to_fp8_t(x)``.  The kernel reads MN-major scales: pass
+``mn_major=True`` to those quantisers to get them in that layout, written by
+the quantiser itself.  Row-major (K-major) scales, their default, are
+converted inside each call (a small copy kernel and a temporary; refused
+under CUDA-graph capture), or once by
+:func:`cugemm8.get_col_major_tma_aligned_tensor`.
 
 Operand rules
 -------------
@@ -280,8 +281,9 @@ def k_grouped_fp8_gemm_nt_contiguous(a: tuple[cupy.ndarray, cupy.ndarray],
         c: optional float32 ``[g, m, n]``; ``c is d`` accumulates in place.
 
     Scales not already MN-major TMA-aligned are converted inside each call
-    (refused under CUDA-graph capture): convert them once with
-    :func:`cugemm8.get_col_major_tma_aligned_tensor`.
+    (refused under CUDA-graph capture): quantise with
+    ``per_token_cast_to_fp8_t(..., mn_major=True)``, or convert them once
+    with :func:`cugemm8.get_col_major_tma_aligned_tensor`.
 
     Raises:
         TypeError: wrong container, dtype, or ``ks`` not a sequence of ints.

@@ -39,6 +39,7 @@ import numpy as np
 
 from . import _config, _device, _jit, _launch
 from ._checks import check_device_array, check_on_current_device, refuse_temporary_under_capture
+from .layout import tma_aligned_size
 from .reference.quant import MIN_AMAX_FLOOR, check_quant_options
 
 if TYPE_CHECKING:
@@ -372,9 +373,11 @@ def per_block_cast_to_fp8(w: cupy.ndarray, *, min_amax: float = _DEFAULT_MIN_AMA
     return (b[0], sfb[0]) if squeeze else (b, sfb)
 
 
-def _cast_transposed(name: str, x, min_amax, pow2_scale, per_column: bool):
+def _cast_transposed(name: str, x, min_amax, pow2_scale, per_column: bool, mn_major: bool = False):
     """The two transposing casts (see :func:`per_token_cast_to_fp8_t` and
     :func:`cast_transpose_block_fp8`)."""
+    if not isinstance(mn_major, (bool, np.bool_)):
+        raise TypeError(f"mn_major must be a bool, got {type(mn_major).__name__}")
     cupy = _device.import_cupy()
     _check_input(name, x, cupy)
     min_amax_f32 = check_quant_options(min_amax, pow2_scale)
@@ -387,31 +390,46 @@ def _cast_transposed(name: str, x, min_amax, pow2_scale, per_column: bool):
     xk = _in_place_or_copy(_pad_k(name, x, cupy), cupy)   # whole 16-byte loads; cols stays the true count
     r_pad = padded_k(rows)
     out = cupy.empty((g, cols, r_pad), dtype=np.uint8)
-    sf = cupy.empty((g, cols, rb) if per_column else (g, cb, rb), dtype=np.float32)
+    if mn_major:
+        # The 1D1D GEMM's layout (get_col_major_tma_aligned_tensor): channels
+        # contiguous, padded to 4 (zeros), one row per 128 tokens.
+        sf_buf = cupy.empty((g, rb, tma_aligned_size(cols)), dtype=np.float32)
+        sf = sf_buf[:, :, :cols].transpose(0, 2, 1)
+    else:
+        sf = sf_buf = cupy.empty((g, cols, rb) if per_column else (g, cb, rb), dtype=np.float32)
     if g and rows and cols:
-        _launch_cast_transpose(xk, out, sf, rows, cols, min_amax_f32, bool(pow2_scale), per_column)
+        _launch_cast_transpose(xk, out, sf_buf, rows, cols, min_amax_f32, bool(pow2_scale), per_column,
+                               mn_major)
     return (out[0], sf[0]) if squeeze else (out, sf)
 
 
 def _launch_cast_transpose(xk, out, sf, rows: int, cols: int, min_amax_f32, pow2_scale: bool,
-                           per_column: bool) -> None:
+                           per_column: bool, mn_major: bool = False) -> None:
     """Launch the transposing cast: ``xk`` validated, readable in place, its
     last dimension padded to whole 16-byte loads (``cols`` the true column
     count); ``out`` uint8 ``[g, cols, ceil(rows/16)*16]`` and ``sf`` float32
-    ``[g, cols, ceil(rows/128)]`` (per column) or ``[g, ceil(cols/128),
-    ceil(rows/128)]``, both C-contiguous."""
+    ``[g, cols, ceil(rows/128)]`` (per column), ``[g, ceil(rows/128),
+    ceil(cols/4)*4]`` (per column, ``mn_major``) or ``[g, ceil(cols/128),
+    ceil(rows/128)]``, all C-contiguous."""
     rb, cb = -(-rows // _GROUP), -(-cols // _GROUP)
     g = xk.shape[0] if xk.ndim == 3 else 1
     x3, batch_stride, row_stride = _kernel_operand(xk)
     kind = "transpose_column" if per_column else "transpose_block"
     kern = _jit.get_kernel(_HEADER, kernel_name(kind, xk.dtype.name, pow2_scale))
+    if mn_major:                        # scale (c, r) at r * cols_pad + c
+        cols_pad = tma_aligned_size(cols)
+        sf_strides = (rb * cols_pad, 1, cols_pad, cols_pad)
+    else:                               # (c, r) at c * rb + r (the per-block form ignores these)
+        sf_strides = (cols * rb, rb, 1, cols)
     args = (x3, out, sf, np.uint32(rows), np.uint32(cols), np.uint32(padded_k(rows)), np.uint32(rb),
-            np.uint32(cb), np.int64(batch_stride), np.int64(row_stride), min_amax_f32)
+            np.uint32(cb), np.int64(batch_stride), np.int64(row_stride), min_amax_f32,
+            np.uint64(sf_strides[0]), np.uint32(sf_strides[1]), np.uint32(sf_strides[2]),
+            np.uint32(sf_strides[3]))
     _launch.Launcher(kern, (g * rb * cb,), (_THREADS,), args)()
 
 
-def per_token_cast_to_fp8_t(x: cupy.ndarray, *, min_amax: float = _DEFAULT_MIN_AMAX, pow2_scale: bool = False
-                            ) -> tuple[cupy.ndarray, cupy.ndarray]:
+def per_token_cast_to_fp8_t(x: cupy.ndarray, *, min_amax: float = _DEFAULT_MIN_AMAX, pow2_scale: bool = False,
+                            mn_major: bool = False) -> tuple[cupy.ndarray, cupy.ndarray]:
     """Quantise ``x [m, k]`` 1x128 along the token dimension m, written transposed.
 
     The wgrad operands of a linear layer (DeepSeek-V3 technical report,
@@ -435,19 +453,31 @@ def per_token_cast_to_fp8_t(x: cupy.ndarray, *, min_amax: float = _DEFAULT_MIN_A
     Arguments:
         x: tokens x channels, ``[m, k]`` or ``[g, m, k]``.
         min_amax, pow2_scale: as :func:`per_token_cast_to_fp8`.
+        mn_major: return ``sf`` in the MN-major TMA-aligned layout that
+            :func:`cugemm8.fp8_gemm_nt` and
+            :func:`cugemm8.k_grouped_fp8_gemm_nt_contiguous` read as they are
+            (the layout :func:`cugemm8.get_col_major_tma_aligned_tensor`
+            returns, written by the kernel itself: no conversion kernel, no
+            temporary in the GEMM call, CUDA-graph capturable); same values.
+            Keyword-only, a bool.
 
     Returns:
         ``(a_t, sf)``: ``a_t`` uint8 ``[..., k, m_pad]`` e4m3fn bits,
         C-contiguous, ``m_pad = ceil(m/16)*16`` (16-byte rows for TMA; bytes
         ``[m, m_pad)`` of each row are zero); ``sf`` float32
-        ``[..., k, ceil(m/128)]``, C-contiguous (``sf[c, mb]`` scales
-        tokens ``128 mb ... 128 mb + 127`` of channel ``c``).  Empty inputs
-        return empty arrays without a launch.
+        ``[..., k, ceil(m/128)]`` (``sf[c, mb]`` scales tokens ``128 mb ...
+        128 mb + 127`` of channel ``c``): C-contiguous, or with
+        ``mn_major`` a view with strides ``(4, 4 * k_pad4)`` (2-D; 3-D:
+        ``(4 * k_pad4 * ceil(m/128), 4, 4 * k_pad4)``), ``k_pad4 =
+        ceil(k/4)*4``, of a buffer whose padding channels hold 0.  Empty
+        inputs return empty arrays without a launch.
 
     Raises:
-        As :func:`per_token_cast_to_fp8`.
+        TypeError: ``mn_major`` not a bool; otherwise as
+            :func:`per_token_cast_to_fp8`.
+        ValueError: as :func:`per_token_cast_to_fp8`.
     """
-    return _cast_transposed("x", x, min_amax, pow2_scale, per_column=True)
+    return _cast_transposed("x", x, min_amax, pow2_scale, per_column=True, mn_major=mn_major)
 
 
 def cast_transpose_block_fp8(w: cupy.ndarray, *, min_amax: float = _DEFAULT_MIN_AMAX, pow2_scale: bool = False

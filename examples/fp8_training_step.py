@@ -140,8 +140,9 @@ class GpuBackend:
         return out.astype(self.cp.float32)
 
     def wgrad(self, dy, x, acc):
-        a, sfa = self.c8.per_token_cast_to_fp8_t(dy.astype(self.bf16_dtype))
-        b, sfb = self.c8.per_token_cast_to_fp8_t(x.astype(self.bf16_dtype))
+        # mn_major: the scales in the layout the 1D1D GEMM reads (no conversion in the call)
+        a, sfa = self.c8.per_token_cast_to_fp8_t(dy.astype(self.bf16_dtype), mn_major=True)
+        b, sfb = self.c8.per_token_cast_to_fp8_t(x.astype(self.bf16_dtype), mn_major=True)
         self.c8.fp8_gemm_nt((a, sfa), (b, sfb), acc, c=acc)
 
     def grouped_linear(self, x, w_q, m_indices):
@@ -155,8 +156,8 @@ class GpuBackend:
         return out.astype(self.cp.float32)
 
     def k_grouped_wgrad(self, dy, x, ks, acc):
-        a, sfa = self.c8.per_token_cast_to_fp8_t(dy.astype(self.bf16_dtype))
-        b, sfb = self.c8.per_token_cast_to_fp8_t(x.astype(self.bf16_dtype))
+        a, sfa = self.c8.per_token_cast_to_fp8_t(dy.astype(self.bf16_dtype), mn_major=True)
+        b, sfb = self.c8.per_token_cast_to_fp8_t(x.astype(self.bf16_dtype), mn_major=True)
         kt = sum(ks)
         self.c8.k_grouped_fp8_gemm_nt_contiguous((a[:, :kt], sfa), (b[:, :kt], sfb), acc, ks, None, c=acc)
 

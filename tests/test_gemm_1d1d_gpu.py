@@ -249,6 +249,34 @@ def test_quantised_wgrad_end_to_end(cp):
     assert rel < 0.05, rel          # FP8 (e4m3) quantisation error of both operands
 
 
+def test_quantised_wgrad_with_mn_major_scales_captures_and_matches(cp):
+    """per_token_cast_to_fp8_t(..., mn_major=True) hands the 1D1D GEMM scales
+    it reads as they are: no conversion, so the GEMM is capturable in a CUDA
+    graph on them, and the output has the bits of the row-major path (which
+    converts inside the call)."""
+    from tests.test_reliability_gpu import Capture
+    tokens, n_out, n_in = 640, 520, 1040
+    rng = np.random.default_rng(12)
+    dy = cp.asarray(rng.standard_normal((tokens, n_out)).astype(np.float32)).astype(cp.dtype("bfloat16"))
+    x = cp.asarray(rng.standard_normal((tokens, n_in)).astype(np.float32)).astype(cp.dtype("bfloat16"))
+    a, sfa = cugemm8.per_token_cast_to_fp8_t(dy, mn_major=True)
+    b, sfb = cugemm8.per_token_cast_to_fp8_t(x, mn_major=True)
+    assert cugemm8.get_col_major_tma_aligned_tensor(sfa) is sfa
+    assert cugemm8.get_col_major_tma_aligned_tensor(sfb) is sfb
+    want, _ = poisoned(cp, (n_out, n_in))
+    a_r, sfa_r = cugemm8.per_token_cast_to_fp8_t(dy)
+    b_r, sfb_r = cugemm8.per_token_cast_to_fp8_t(x)
+    cugemm8.fp8_gemm_nt((a_r, sfa_r), (b_r, sfb_r), want)
+    d, full = poisoned(cp, (n_out, n_in))
+    cugemm8.fp8_gemm_nt((a, sfa), (b, sfb), d)          # compiles outside the capture
+    d.view(cp.uint32)[...] = 0x7FC00001
+    with Capture(cp) as c:
+        cugemm8.fp8_gemm_nt((a, sfa), (b, sfb), d)
+    c.replay()
+    assert bool(cp.all(d.view(cp.uint32) == want.view(cp.uint32)))
+    assert guards_intact(cp, full)
+
+
 # ------------------------------------------------------------------ k-grouped
 
 def grouped_case(cp, rng, g, m, n, k_mean, *, empty=()):

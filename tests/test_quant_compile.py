@@ -437,13 +437,15 @@ def test_option_validation():
 
 @pytest.mark.parametrize("rows,cols", [(1, 1), (3, 15), (16, 17), (129, 130), (257, 16), (17, 257), (300, 400)])
 @pytest.mark.parametrize("itemsize", [2, 4])
-@pytest.mark.parametrize("per_column", [True, False])
-def test_cast_transpose_covers_each_element_and_output_once(rows, cols, itemsize, per_column):
+@pytest.mark.parametrize("per_column,mn_major", [(True, False), (True, True), (False, False)])
+def test_cast_transpose_covers_each_element_and_output_once(rows, cols, itemsize, per_column, mn_major):
     """cast_transpose_kernel's index math (cuda_src/quant.cuh), replayed:
     every input element is loaded once, within the 16-byte-padded row; every
     shared-memory word of the transposed tile is written once before the
     barrier; every payload byte of [cols, r_pad] (padding included) and
-    every scale is written exactly once, and nothing outside."""
+    every scale is written exactly once, and nothing outside.  The scale
+    strides are the host's (quant._launch_cast_transpose), in both per-column
+    layouts; the MN-major buffer's padding channels are written (zero) too."""
     threads, group = Q._THREADS, 128
     vec = 16 // itemsize
     vecs_per_row = group // vec
@@ -454,6 +456,10 @@ def test_cast_transpose_covers_each_element_and_output_once(rows, cols, itemsize
     loads = np.zeros((rows, cols_pad), np.int64)
     out = np.zeros((cols, r_pad), np.int64)
     sf = np.zeros((cols, rb) if per_column else (cb, rb), np.int64)
+    if per_column:
+        sf_buf_len, strides = _cast_transpose_scale_strides(rows, cols, mn_major)
+        sf_flat = np.zeros(sf_buf_len, np.int64)
+        _, col_stride, block_stride, sf_cols = strides
     t = np.arange(threads)
     c_local, quad = (t % vecs_per_row) * vec, t // vecs_per_row
     for r_blk in range(rb):
@@ -472,8 +478,10 @@ def test_cast_transpose_covers_each_element_and_output_once(rows, cols, itemsize
             assert np.all(smem == 1)
             if per_column:
                 for j in range(vec):
-                    sel = (quad == 0) & (col + j < cols)
-                    np.add.at(sf, (col[sel] + j, r_blk), 1)
+                    sel = (quad == 0) & (col + j < sf_cols)
+                    np.add.at(sf_flat, (col[sel] + j) * col_stride + r_blk * block_stride, 1)
+                    real = sel & (col + j < cols)
+                    np.add.at(sf, (col[real] + j, r_blk), 1)
             else:
                 sf[c_blk, r_blk] += 1
             e = np.arange(group * 8)                                 # the store loop's pieces
@@ -485,3 +493,32 @@ def test_cast_transpose_covers_each_element_and_output_once(rows, cols, itemsize
                 out[c_blk * group + cc, start:start + 16] += 1
     assert np.all(loads[:, :cols] == 1)
     assert np.all(out == 1) and np.all(sf == 1)
+    if per_column:
+        assert np.all(sf_flat == 1)            # the whole buffer (padding channels included), once
+
+
+def _cast_transpose_scale_strides(rows, cols, mn_major):
+    """(buffer elements per batch, the kernel's (batch, column, block,
+    sf_cols) scale arguments) as the host packs them."""
+    captured = {}
+
+    class _Kern:
+        def __call__(self, grid, block, args, shared_mem=0):
+            captured["args"] = args
+
+    class _X:
+        shape, strides, itemsize, ndim = (1, rows, cols), (rows * cols * 2, cols * 2, 2), 2, 3
+        dtype = np.dtype(np.float16)
+
+    import cugemm8._jit as J
+    orig = J.get_kernel
+    J.get_kernel = lambda header, name, **kw: _Kern()
+    try:
+        Q._launch_cast_transpose(_X(), None, None, rows, cols, np.float32(1e-4), False, True, mn_major)
+    finally:
+        J.get_kernel = orig
+    batch, col_stride, block_stride, sf_cols = (int(v) for v in captured["args"][-4:])
+    rb = -(-rows // 128)
+    assert batch == (rb * Q.tma_aligned_size(cols) if mn_major else cols * rb)
+    assert sf_cols == (Q.tma_aligned_size(cols) if mn_major else cols)
+    return batch, (batch, col_stride, block_stride, sf_cols)

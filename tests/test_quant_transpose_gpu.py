@@ -174,6 +174,40 @@ def test_writes_exactly_its_outputs(dtype_name, shape, per_column):
         _check_guards(s_whole, poison_s)
 
 
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("shape", [(1, 16), (130, 21), (3, 129, 400), (300, 130), (257, 7168)])
+def test_mn_major_scales(dtype_name, shape):
+    """mn_major=True: the same payload and scale values as the row-major
+    form, in the MN-major TMA-aligned layout (padding channels zero); into
+    poisoned guarded buffers every scale and padding slot is written and
+    nothing outside."""
+    from cugemm8 import layout
+    cp = _cp()
+    rng = np.random.default_rng(21)
+    x = make_data(rng, shape, dtype_name, 0, "wide")
+    xd = cp.asarray(x)
+    bits_r, sf_r = Q.per_token_cast_to_fp8_t(xd)
+    bits_m, sf_m = Q.per_token_cast_to_fp8_t(xd, mn_major=True)
+    assert_payload_equal(bits_m.get(), bits_r.get(), "payload")
+    assert sf_m.shape == sf_r.shape and layout.is_tma_aligned_mn_major(sf_m), sf_m.strides
+    assert_scales_equal(sf_m.get(), sf_r.get(), "scales")
+    *lead, rows, cols = shape
+    g, rb, cpad = (lead[0] if lead else 1), -(-rows // 128), layout.tma_aligned_size(cols)
+    buf = cp.ndarray((g, rb, cpad), dtype=cp.float32, memptr=sf_m.data)
+    assert not buf[..., cols:].get().any(), "padding channels must be zero"
+    xk = Q._in_place_or_copy(Q._pad_k("x", xd, cp), cp)
+    for poison in (0x7FC00001, 0x3F800000):
+        sf, whole = _guarded((g, rb, cpad), np.float32, poison)
+        b, _ = _guarded((g, cols, _pad16(rows)), np.uint8, 0x5A)
+        Q._launch_cast_transpose(xk, b, sf, rows, cols, np.float32(1e-4), False, True, True)
+        got = sf.get()
+        assert_scales_equal(np.swapaxes(got[..., :cols], -1, -2).reshape(sf_r.shape), sf_r.get(), "scales")
+        assert not got[..., cols:].any()
+        _check_guards(whole, poison)
+    with pytest.raises(TypeError, match="mn_major"):
+        Q.per_token_cast_to_fp8_t(xd, mn_major=1)
+
+
 def test_empty_inputs_and_validation():
     cp = _cp()
     for fn in (Q.per_token_cast_to_fp8_t, Q.cast_transpose_block_fp8):

@@ -233,14 +233,17 @@ def _check_placement(out, inputs: dict, cupy, out_name: str = "out") -> None:
     _check_no_alias(out, inputs, out_name)
 
 
-def _prepare_sfa(sfa, cupy, name: str = "sfa"):
+def _prepare_sfa(sfa, cupy, name: str = "sfa", fix: str | None = None):
+    """``sfa`` as the kernel reads it (converted when it is not; refused
+    under capture with ``fix``, by default the forward ops' advice)."""
     if is_tma_aligned_mn_major(sfa):
         return sfa
     refuse_temporary_under_capture(
         f"{name} is not in the MN-major TMA-aligned layout the kernel reads, so this call would convert "
         "it into a temporary",
-        f"convert it once before capturing with {name} = cugemm8.get_col_major_tma_aligned_tensor({name}) "
-        "(the forward GPU quantisers already return that layout) and capture the call on the result", cupy)
+        fix or (f"convert it once before capturing with {name} = cugemm8.get_col_major_tma_aligned_tensor("
+                f"{name}) (the forward GPU quantisers already return that layout) and capture the call on "
+                "the result"), cupy)
     return get_col_major_tma_aligned_tensor(sfa)
 
 

@@ -61,6 +61,10 @@ __all__ = ["fp8_gemm_nt", "k_grouped_fp8_gemm_nt_contiguous", "get_gemm_1d1d_con
 _HEADER = "fp8_gemm_1d1d.cuh"
 _NORMAL, _GROUPED_K = 0, 3
 _NULL = np.uint64(0)
+#: the fix the capture refusal names for wgrad scales (cugemm8.gemm._prepare_sfa)
+_WGRAD_SCALES_FIX = ("quantise with per_token_cast_to_fp8_t(..., mn_major=True), which writes that layout "
+                     "itself (also inside the graph), or convert the scales once before capturing with "
+                     "cugemm8.get_col_major_tma_aligned_tensor and capture the call on the result")
 
 
 def _kernel_name(cfg: _config_1d1d.Gemm1d1dConfig, n: int, gemm_type: int, num_groups: int) -> str:
@@ -216,9 +220,10 @@ def fp8_gemm_nt(a: tuple[cupy.ndarray, cupy.ndarray], b: tuple[cupy.ndarray, cup
     Requirements: ``k % 16 == 0`` and ``k <= 2^31 - 128``, ``n % 8 == 0``,
     ``m, n < 2^31``; see the module docstring for strides, alignment and
     degenerate sizes.  Scales not already MN-major TMA-aligned (the
-    transposing quantisers return row-major ones) are converted inside each
-    call, which is refused under CUDA-graph capture: convert them once with
-    :func:`cugemm8.get_col_major_tma_aligned_tensor`.
+    transposing quantisers' default, row-major) are converted inside each
+    call, which is refused under CUDA-graph capture: quantise with
+    ``per_token_cast_to_fp8_t(..., mn_major=True)``, or convert them once
+    with :func:`cugemm8.get_col_major_tma_aligned_tensor`.
 
     Raises:
         TypeError: wrong container or dtype.
@@ -245,7 +250,8 @@ def fp8_gemm_nt(a: tuple[cupy.ndarray, cupy.ndarray], b: tuple[cupy.ndarray, cup
     if _nothing_to_multiply(m, n, k, d, c, {"a": a, "sfa": sfa, "b": b, "sfb": sfb}, cupy):
         return
     cfg = get_gemm_1d1d_config(m, n, k, with_c=c is not None)
-    sfa, sfb = _prepare_sfa(sfa, cupy, "a[1] (sfa)"), _prepare_sfa(sfb, cupy, "b[1] (sfb)")
+    sfa, sfb = (_prepare_sfa(sfa, cupy, "a[1] (sfa)", _WGRAD_SCALES_FIX),
+                _prepare_sfa(sfb, cupy, "b[1] (sfb)", _WGRAD_SCALES_FIX))
     _launch(cfg, _NORMAL, m, n, k, 1, a, sfa, b, sfb, d, c, None)
 
 
@@ -326,5 +332,6 @@ def k_grouped_fp8_gemm_nt_contiguous(a: tuple[cupy.ndarray, cupy.ndarray],
             "ks_tensor was not given, so this call would copy ks to the device into a temporary",
             "pass ks_tensor = cupy.asarray(ks, dtype=cupy.int32), made once before capturing", cupy)
         ks_tensor = cupy.asarray(np.asarray(ks, np.int32))
-    sfa, sfb = _prepare_sfa(sfa, cupy, "a[1] (sfa)"), _prepare_sfa(sfb, cupy, "b[1] (sfb)")
+    sfa, sfb = (_prepare_sfa(sfa, cupy, "a[1] (sfa)", _WGRAD_SCALES_FIX),
+                _prepare_sfa(sfb, cupy, "b[1] (sfb)", _WGRAD_SCALES_FIX))
     _launch(cfg, _GROUPED_K, m, n, k, g, a, sfa, b, sfb, d, c, ks_tensor)

@@ -277,6 +277,52 @@ def test_quantised_wgrad_with_mn_major_scales_captures_and_matches(cp):
     assert guards_intact(cp, full)
 
 
+def test_wgrad_step_captured_with_its_quantisers(cp):
+    """A training step's wgrad as one CUDA graph: both transposing casts
+    (mn_major=True) and the accumulating 1D1D GEMM, replayed on new
+    contents of dy, x and the accumulator, with the bits of the same step
+    run eagerly; row-major scales are refused under capture with the fix
+    named."""
+    from tests.test_reliability_gpu import Capture
+    # Channel counts multiples of 16: the casts' K (here the channels) then
+    # needs no zero-padding temporary, which capture refuses (its first run
+    # on the H200 used 264 and met that refusal).
+    tokens, n_out, n_in = 384, 272, 528
+    rng = np.random.default_rng(13)
+    bf16 = cp.dtype("bfloat16")
+
+    def rand(shape, dtype=bf16):
+        return cp.asarray(rng.standard_normal(shape).astype(np.float32)).astype(dtype)
+    dy, x = rand((tokens, n_out)), rand((tokens, n_in))
+    acc = cp.zeros((n_out, n_in), cp.float32)
+
+    def step():
+        a, sfa = cugemm8.per_token_cast_to_fp8_t(dy, mn_major=True)
+        b, sfb = cugemm8.per_token_cast_to_fp8_t(x, mn_major=True)
+        cugemm8.fp8_gemm_nt((a, sfa), (b, sfb), acc, c=acc)
+        return a, sfa, b, sfb
+    step()                                          # compiles outside the capture
+    with pytest.raises(ValueError, match="mn_major=True"):
+        with Capture(cp):
+            a, sfa = cugemm8.per_token_cast_to_fp8_t(dy)
+            b, sfb = cugemm8.per_token_cast_to_fp8_t(x)
+            cugemm8.fp8_gemm_nt((a, sfa), (b, sfb), acc, c=acc)
+    with Capture(cp) as c:
+        keep = step()                               # the graph's operands: alive as long as it is
+    for _ in range(2):
+        dy[...] = rand(dy.shape)
+        x[...] = rand(x.shape)
+        start = rand(acc.shape, cp.float32)
+        acc[...] = start
+        cp.cuda.Device().synchronize()
+        c.replay()
+        got = acc.copy()
+        acc[...] = start
+        step()
+        assert bool(cp.all(got.view(cp.uint32) == acc.view(cp.uint32)))
+    assert len(keep) == 4
+
+
 # ------------------------------------------------------------------ k-grouped
 
 def grouped_case(cp, rng, g, m, n, k_mean, *, empty=()):

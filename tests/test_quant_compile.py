@@ -456,9 +456,10 @@ def test_cast_transpose_covers_each_element_and_output_once(rows, cols, itemsize
     loads = np.zeros((rows, cols_pad), np.int64)
     out = np.zeros((cols, r_pad), np.int64)
     sf = np.zeros((cols, rb) if per_column else (cb, rb), np.int64)
+    g = 3 if rows * cols > 1000 else 2               # batches: the scale's batch stride too
     if per_column:
-        sf_buf_len, strides = _cast_transpose_scale_strides(rows, cols, mn_major)
-        sf_flat = np.zeros(sf_buf_len, np.int64)
+        sf_batch, strides = _cast_transpose_scale_strides(rows, cols, mn_major)
+        sf_flat = np.zeros(g * sf_batch, np.int64)
         _, col_stride, block_stride, sf_cols = strides
     t = np.arange(threads)
     c_local, quad = (t % vecs_per_row) * vec, t // vecs_per_row
@@ -479,7 +480,8 @@ def test_cast_transpose_covers_each_element_and_output_once(rows, cols, itemsize
             if per_column:
                 for j in range(vec):
                     sel = (quad == 0) & (col + j < sf_cols)
-                    np.add.at(sf_flat, (col[sel] + j) * col_stride + r_blk * block_stride, 1)
+                    for b in range(g):
+                        np.add.at(sf_flat, b * sf_batch + (col[sel] + j) * col_stride + r_blk * block_stride, 1)
                     real = sel & (col + j < cols)
                     np.add.at(sf, (col[real] + j, r_blk), 1)
             else:

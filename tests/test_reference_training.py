@@ -89,6 +89,16 @@ def test_per_token_cast_t_token_tail_and_options():
     assert np.isnan(sn[2, 1]) and np.sum(np.isnan(sn)) == 1
 
 
+def test_per_token_cast_t_takes_mn_major_for_parity():
+    # The GPU op's layout option: accepted (a bool) and without effect on the values.
+    x = _data(11, (200, 6))
+    _assert_bits_equal(R.per_token_cast_to_fp8_t(x, mn_major=True), R.per_token_cast_to_fp8_t(x))
+    _assert_bits_equal(R.per_token_cast_to_fp8_t(x, mn_major=np.bool_(False)), R.per_token_cast_to_fp8_t(x))
+    for bad in (1, None, "yes"):
+        with pytest.raises(TypeError, match="mn_major"):
+            R.per_token_cast_to_fp8_t(x, mn_major=bad)
+
+
 def test_per_token_cast_t_is_not_the_transposed_forward_cast():
     # DeepSeek-V3 section 3.5.2: the 1x128 forward tiles must be re-quantised
     # as 128x1 tiles for wgrad; transposing the forward cast is not that.

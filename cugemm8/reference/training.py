@@ -137,8 +137,8 @@ def _to_float64(x, name: str) -> np.ndarray:
 # Quantisers for the backward GEMMs
 # ---------------------------------------------------------------------------
 
-def per_token_cast_to_fp8_t(x: ArrayLike, *, min_amax: float = 1e-4, pow2_scale: bool = False
-                            ) -> tuple[np.ndarray, np.ndarray]:
+def per_token_cast_to_fp8_t(x: ArrayLike, *, min_amax: float = 1e-4, pow2_scale: bool = False,
+                            mn_major: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Quantise ``x [m, k]`` 1x128 along the token dimension m, returned transposed.
 
     **Definition**: ``per_token_cast_to_fp8_t(x)`` equals
@@ -166,6 +166,10 @@ def per_token_cast_to_fp8_t(x: ArrayLike, *, min_amax: float = 1e-4, pow2_scale:
         leading dims).
     min_amax, pow2_scale : keyword-only; see
         :func:`~cugemm8.reference.per_token_cast_to_fp8` (defaults 1e-4, False).
+    mn_major : keyword-only bool, accepted for parity with
+        :func:`cugemm8.per_token_cast_to_fp8_t` (code can switch between the
+        two); it changes nothing here: the values are the same, and a NumPy
+        array carries no TMA layout.
 
     Returns
     -------
@@ -181,9 +185,11 @@ def per_token_cast_to_fp8_t(x: ArrayLike, *, min_amax: float = 1e-4, pow2_scale:
     ValueError
         If ``x`` has fewer than 2 dimensions, or ``min_amax`` is invalid.
     TypeError
-        If ``x`` is not real-valued, ``min_amax`` is not a real number or
-        ``pow2_scale`` is not a bool.
+        If ``x`` is not real-valued, ``min_amax`` is not a real number, or
+        ``pow2_scale`` or ``mn_major`` is not a bool.
     """
+    if not isinstance(mn_major, (bool, np.bool_)):
+        raise TypeError(f"mn_major must be a bool, got {type(mn_major).__name__}")
     arr = np.asarray(x)
     if arr.ndim < 2:
         raise ValueError(f"x must be [..., m, k] with at least 2 dims, got shape {arr.shape}")

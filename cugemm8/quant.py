@@ -40,7 +40,7 @@ import numpy as np
 from . import _config, _device, _jit, _launch
 from ._checks import check_device_array, check_on_current_device, refuse_temporary_under_capture
 from .layout import tma_aligned_size
-from .reference.quant import MIN_AMAX_FLOOR, check_quant_options
+from .reference.quant import MIN_AMAX_FLOOR, check_bool, check_quant_options
 
 if TYPE_CHECKING:
     import cupy
@@ -376,8 +376,7 @@ def per_block_cast_to_fp8(w: cupy.ndarray, *, min_amax: float = _DEFAULT_MIN_AMA
 def _cast_transposed(name: str, x, min_amax, pow2_scale, per_column: bool, mn_major: bool = False):
     """The two transposing casts (see :func:`per_token_cast_to_fp8_t` and
     :func:`cast_transpose_block_fp8`)."""
-    if not isinstance(mn_major, (bool, np.bool_)):
-        raise TypeError(f"mn_major must be a bool, got {type(mn_major).__name__}")
+    check_bool("mn_major", mn_major)
     cupy = _device.import_cupy()
     _check_input(name, x, cupy)
     min_amax_f32 = check_quant_options(min_amax, pow2_scale)

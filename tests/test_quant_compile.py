@@ -438,7 +438,8 @@ def test_option_validation():
 @pytest.mark.parametrize("rows,cols", [(1, 1), (3, 15), (16, 17), (129, 130), (257, 16), (17, 257), (300, 400)])
 @pytest.mark.parametrize("itemsize", [2, 4])
 @pytest.mark.parametrize("per_column,mn_major", [(True, False), (True, True), (False, False)])
-def test_cast_transpose_covers_each_element_and_output_once(rows, cols, itemsize, per_column, mn_major):
+def test_cast_transpose_covers_each_element_and_output_once(rows, cols, itemsize, per_column, mn_major,
+                                                            monkeypatch):
     """cast_transpose_kernel's index math (cuda_src/quant.cuh), replayed:
     every input element is loaded once, within the 16-byte-padded row; every
     shared-memory word of the transposed tile is written once before the
@@ -458,7 +459,7 @@ def test_cast_transpose_covers_each_element_and_output_once(rows, cols, itemsize
     sf = np.zeros((cols, rb) if per_column else (cb, rb), np.int64)
     g = 3 if rows * cols > 1000 else 2               # batches: the scale's batch stride too
     if per_column:
-        sf_batch, strides = _cast_transpose_scale_strides(rows, cols, mn_major)
+        sf_batch, strides = _cast_transpose_scale_strides(monkeypatch, rows, cols, mn_major)
         sf_flat = np.zeros(g * sf_batch, np.int64)
         _, col_stride, block_stride, sf_cols = strides
     t = np.arange(threads)
@@ -499,7 +500,7 @@ def test_cast_transpose_covers_each_element_and_output_once(rows, cols, itemsize
         assert np.all(sf_flat == 1)            # the whole buffer (padding channels included), once
 
 
-def _cast_transpose_scale_strides(rows, cols, mn_major):
+def _cast_transpose_scale_strides(monkeypatch, rows, cols, mn_major):
     """(buffer elements per batch, the kernel's (batch, column, block,
     sf_cols) scale arguments) as the host packs them."""
     captured = {}
@@ -513,12 +514,8 @@ def _cast_transpose_scale_strides(rows, cols, mn_major):
         dtype = np.dtype(np.float16)
 
     import cugemm8._jit as J
-    orig = J.get_kernel
-    J.get_kernel = lambda header, name, **kw: _Kern()
-    try:
-        Q._launch_cast_transpose(_X(), None, None, rows, cols, np.float32(1e-4), False, True, mn_major)
-    finally:
-        J.get_kernel = orig
+    monkeypatch.setattr(J, "get_kernel", lambda header, name, **kw: _Kern())
+    Q._launch_cast_transpose(_X(), None, None, rows, cols, np.float32(1e-4), False, True, mn_major)
     batch, col_stride, block_stride, sf_cols = (int(v) for v in captured["args"][-4:])
     rb = -(-rows // 128)
     assert batch == (rb * Q.tma_aligned_size(cols) if mn_major else cols * rb)

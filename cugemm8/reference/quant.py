@@ -103,6 +103,14 @@ def float_to_e4m3(x: ArrayLike) -> np.ndarray:
 MIN_AMAX_FLOOR = 448.0 * 2.0 ** -126          # = 7 * 2^-120, exact in float32
 
 
+def check_bool(name: str, value: object) -> None:
+    """``TypeError`` naming ``name`` unless ``value`` is a bool (Python's or
+    NumPy's): the quantisers' flag rule, shared by this reference and the
+    GPU quantisers."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
 def check_quant_options(min_amax: float, pow2_scale: bool) -> np.float32:
     """Validate the quantisers' options (shared by this reference and the GPU
     quantisers, so both accept exactly the same values).
@@ -115,8 +123,7 @@ def check_quant_options(min_amax: float, pow2_scale: bool) -> np.float32:
         ValueError: ``min_amax`` is not finite and positive, overflows
             float32, or is below ``MIN_AMAX_FLOOR`` (448 * 2^-126).
     """
-    if not isinstance(pow2_scale, (bool, np.bool_)):
-        raise TypeError(f"pow2_scale must be a bool, got {type(pow2_scale).__name__}")
+    check_bool("pow2_scale", pow2_scale)
     if isinstance(min_amax, (bool, np.bool_)) or not isinstance(min_amax, numbers.Real):
         raise TypeError(f"min_amax must be a real number, got {type(min_amax).__name__}")
     value = float(min_amax)

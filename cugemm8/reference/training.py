@@ -46,7 +46,7 @@ from ._common import (_FP32_MAX, _FP32_U, BLOCK_K, TENSOR_CORE_MANTISSA_BITS, _a
 from .bound import _promotion_error_terms
 from .gemm import dequantize_lhs
 from .promotion import _fma_f32, tensor_core_partial_sums
-from .quant import per_block_cast_to_fp8, per_token_cast_to_fp8
+from .quant import check_bool, per_block_cast_to_fp8, per_token_cast_to_fp8
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -188,8 +188,7 @@ def per_token_cast_to_fp8_t(x: ArrayLike, *, min_amax: float = 1e-4, pow2_scale:
         If ``x`` is not real-valued, ``min_amax`` is not a real number, or
         ``pow2_scale`` or ``mn_major`` is not a bool.
     """
-    if not isinstance(mn_major, (bool, np.bool_)):
-        raise TypeError(f"mn_major must be a bool, got {type(mn_major).__name__}")
+    check_bool("mn_major", mn_major)
     arr = np.asarray(x)
     if arr.ndim < 2:
         raise ValueError(f"x must be [..., m, k] with at least 2 dims, got shape {arr.shape}")

@@ -16,10 +16,11 @@ Rows:
   aligned to 128), in place; DeepGEMM's kernel on its own group-by-group
   copy of the same operands (``benches/deepgemm_anchor.py``).
 
-``--configs`` also times each listed BLOCK_MxBLOCK_N (as many stages as fit)
-on every shape, each checked bit for bit against the heuristic's output
-first (every config promotes the same blocks in the same order), and prints
-the fastest per shape.
+``--configs`` also times each listed BLOCK_MxBLOCK_N (as many stages as fit;
+a ``t`` suffix, e.g. ``128x160t``, takes the TMA epilogue) on every shape,
+with ``c = d`` and without ``c``, each checked bit for bit against the
+heuristic's output first (every config promotes the same blocks in the same
+order), and prints the fastest per shape.
 
 The wgrad rows also time cuBLASLt's blockwise FP8 GEMM with 1x128 scales on
 both operands (torch's ``F.scaled_mm``, ``BlockWise1x128`` twice; BF16 out,
@@ -118,20 +119,22 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     rows, records = [], []
     from cugemm8 import _config_1d1d as C1, gemm_1d1d as G1
-    forced = []
+    forced, sweeps = [], {}
     for t in (x for x in args.configs.split(",") if x):
-        bm, bn = (int(v) for v in t.split("x"))
-        st = C1.max_stages(bm, bn)
-        if st and C1._registers_ok(bm, bn):
-            forced.append((bm, bn, st))
+        tma = t.endswith("t")
+        bm, bn = (int(v) for v in t.rstrip("t").split("x"))
+        st = C1.max_stages(bm, bn, tma_store=tma)
+        if st and C1._registers_ok(bm, bn) and (not tma or C1.tma_store_ok(bn)):
+            forced.append((bm, bn, st, tma))
         else:
             print(f"skipping {t}: not legal")
 
     def sweep(label, call, out, product):
-        """Time every --configs tile on one shape: {config: µs} (checked first)."""
+        """Time every --configs tile on one shape, with c = d and without c:
+        {config: (µs with c, µs without)} (checked first)."""
         res = {}
-        for bm, bn, st in forced:
-            cfg = C1.make_config(bm, bn, st, cugemm8.get_num_sms())
+        for bm, bn, st, tma in forced:
+            cfg = C1.make_config(bm, bn, st, cugemm8.get_num_sms(), tma)
             with G1._forced_config(cfg):
                 out[...] = 0
                 call(False)
@@ -139,12 +142,16 @@ def main(argv=None) -> int:
                 if not bool(cp.all(out.view(cp.uint32) == product.view(cp.uint32))):
                     res[str(cfg)] = "not bit-identical"
                     continue
-                res[str(cfg)] = _time(lambda: call(True), args.reps, flush)
+                res[str(cfg)] = (_time(lambda: call(True), args.reps, flush),
+                                 _time(lambda: call(False), args.reps, flush))
+        sweeps[label] = res
         ok = {c: t for c, t in res.items() if not isinstance(t, str)}
         if ok:
-            best = min(ok, key=ok.get)
-            print(f"  {label}: " + ", ".join(f"{c} {t if isinstance(t, str) else f'{t:.1f}'}" for c, t in res.items())
-                  + f"  -> best {best}", flush=True)
+            best = min(ok, key=lambda c: ok[c][0])
+            best_no_c = min(ok, key=lambda c: ok[c][1])
+            print(f"  {label}: " + ", ".join(f"{c} {t if isinstance(t, str) else f'{t[0]:.1f}/{t[1]:.1f}'}"
+                                           for c, t in res.items())
+                  + f"  -> best {best} (c = d), {best_no_c} (no c)", flush=True)
         return res
 
     def record(kind, label, flops, cfg, ours, theirs, status, cublaslt=None, ours_no_c=None):
@@ -233,7 +240,7 @@ def main(argv=None) -> int:
         print(f"geomean xcuBLASLt (1x128 x 1x128, BF16 out; against cugemm8 without c) "
               f"{common.geomean(x):.3f} over {len(x)} (min {min(x):.2f})")
     if args.json:
-        Path(args.json).write_text(json.dumps(records, indent=1))
+        Path(args.json).write_text(json.dumps({"rows": records, "sweeps": sweeps} if sweeps else records, indent=1))
     return 0
 
 

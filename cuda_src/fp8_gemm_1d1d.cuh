@@ -32,9 +32,20 @@
 // BLOCK_M = 128 B's scales for a thread's columns are read into registers
 // before the WGMMAs and the stage is released as soon as they complete
 // (DeepGEMM's order); with 256 (two sub-tiles per warpgroup) they are read
-// from the stage during each promotion and the stage is released after both.  Epilogue: FP32 straight from registers to
-// global memory (8-byte stores, bounds-predicated in M and N), adding C first
-// (add.rn: subnormals kept) when given.
+// from the stage during each promotion and the stage is released after both.
+//
+// Epilogue, two forms (kTmaStore):
+//   * TMA (no C, or C = D in place): each math warpgroup stages its 64-row
+//     sub-tile 32 columns at a time (64 x 32 FP32, 128-byte swizzled: the
+//     fragment's 8-byte stores are conflict-free) in two alternating 8 KB
+//     buffers, and one thread stores each chunk with a TMA tile store, or
+//     with C = D a TMA reduce-add (the L2 adds: fl32(C + D), as the
+//     register form; an empty k-group leaves C = D untouched).  Nothing
+//     waits for C, and the stores drain behind the next tile's K loop
+//     (DeepGEMM's sm90_fp8_gemm_1d1d reduce-adds a whole staged tile).
+//   * registers (C not D, or D not 16-byte aligned): FP32 straight from
+//     registers to global memory (8-byte stores, bounds-predicated in M and
+//     N), adding C first (add.rn: subnormals kept) when given.
 #pragma once
 #include "common.cuh"
 #include "pipeline.cuh"
@@ -49,13 +60,17 @@ namespace cugemm8 {
 
 // Shared-memory budget; cugemm8/_config_1d1d.py:smem_size must implement the
 // same formula (tests/test_gemm_1d1d.py pins it).
-template <uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages>
+template <uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages, bool kTmaStore>
 struct SmemLayout1d1d {
+  // D staging (TMA epilogue): 2 warpgroups x 2 buffers of 64 x 32 FP32.
+  static constexpr uint32_t kDChunk = 64u * 32u * 4u;
+  static constexpr uint32_t kD = kTmaStore ? 2u * 2u * kDChunk : 0u;
   static constexpr uint32_t kA = BLOCK_M * 128u;                  // (BLOCK_M, BLOCK_K) e4m3
   static constexpr uint32_t kB = BLOCK_N * 128u;                  // (BLOCK_N, BLOCK_K) e4m3
   static constexpr uint32_t kSFA = align_up(BLOCK_M * 4u, 128u);  // (BLOCK_M,) f32
   static constexpr uint32_t kSFB = align_up(BLOCK_N * 4u, 128u);  // (BLOCK_N,) f32
-  static constexpr uint32_t kOffA = 0;
+  static constexpr uint32_t kOffD = 0;                            // 1024-aligned (128B swizzle)
+  static constexpr uint32_t kOffA = kOffD + kD;
   static constexpr uint32_t kOffB = kOffA + kNumStages * kA;
   static constexpr uint32_t kOffSFA = kOffB + kNumStages * kB;
   static constexpr uint32_t kOffSFB = kOffSFA + kNumStages * kSFA;
@@ -65,14 +80,15 @@ struct SmemLayout1d1d {
 };
 
 template <uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages, uint32_t kGemmType,
-          uint32_t kNumGroups>
+          uint32_t kNumGroups, bool kTmaStore>
 struct Gemm1d1dTraits {
   static constexpr uint32_t kNumMathWG = 2;
   static constexpr uint32_t kWaves = BLOCK_M / 128;          // 64-row sub-tiles per math warpgroup
   static constexpr uint32_t kNumMathThreads = 128 * kNumMathWG;
   static constexpr uint32_t kNumThreads = kNumMathThreads + 128;
   static constexpr uint32_t kNumAccum = BLOCK_N / 2;          // f32 per thread per 64 x BLOCK_N
-  using Smem = SmemLayout1d1d<BLOCK_M, BLOCK_N, kNumStages>;
+  using Smem = SmemLayout1d1d<BLOCK_M, BLOCK_N, kNumStages, kTmaStore>;
+  static constexpr uint32_t kDChunks = BLOCK_N / 32;          // TMA epilogue: 32-column chunks per sub-tile
   // Bytes one stage's four boxes deliver (TMA counts the zero-filled
   // out-of-bounds part of a box too).
   static constexpr uint32_t kTxBytes = Smem::kA + Smem::kB + BLOCK_M * 4u + BLOCK_N * 4u;
@@ -86,6 +102,7 @@ struct Gemm1d1dTraits {
   static_assert(Smem::kTotal <= 232448, "shared memory exceeds the sm_90 opt-in limit (232,448 B)");
   static_assert(kGemmType == kNormal || kGemmType == kGroupedK, "the 1D1D kernel is normal or k-grouped");
   static_assert(kGemmType == kGroupedK || kNumGroups == 1, "a normal 1D1D GEMM has one group");
+  static_assert(!kTmaStore || BLOCK_N % 32 == 0, "the TMA epilogue stores 32-column chunks");
 };
 
 // K blocks [begin, begin + count) of group g: the whole K for a normal GEMM;
@@ -121,15 +138,19 @@ __device__ __forceinline__ void group_k_blocks(uint32_t g, uint32_t shape_k, con
 //   tmap_b    B   as (K, N, 1) u8,   box (128, BLOCK_N, 1), 128B swizzle
 //   tmap_sfa  SFA as (M, ceil(K/128), 1) f32 (MN-major), box (BLOCK_M, 1, 1)
 //   tmap_sfb  SFB as (N, ceil(K/128), 1) f32 (MN-major), box (BLOCK_N, 1, 1)
+//   tmap_d    kTmaStore: D as (SHAPE_N, shape_m, kNumGroups) f32, box (32, 64, 1),
+//             128B swizzle; c_ptr then nullptr (store) or d_ptr (reduce-add).
+//             Otherwise unused.
 template <uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages, uint32_t kGemmType,
-          uint32_t kNumGroups>
+          uint32_t kNumGroups, bool kTmaStore>
 __global__ void __launch_bounds__(
-    Gemm1d1dTraits<SHAPE_N, BLOCK_M, BLOCK_N, kNumStages, kGemmType, kNumGroups>::kNumThreads, 1)
+    Gemm1d1dTraits<SHAPE_N, BLOCK_M, BLOCK_N, kNumStages, kGemmType, kNumGroups, kTmaStore>::kNumThreads, 1)
 fp8_gemm_1d1d_kernel(uint32_t shape_m, uint32_t shape_k, const int32_t* __restrict__ ks, float* d_ptr,
                      const float* c_ptr, uint32_t ld_d,
                      const __grid_constant__ TmaDescriptor tmap_a, const __grid_constant__ TmaDescriptor tmap_b,
-                     const __grid_constant__ TmaDescriptor tmap_sfa, const __grid_constant__ TmaDescriptor tmap_sfb) {
-  using T = Gemm1d1dTraits<SHAPE_N, BLOCK_M, BLOCK_N, kNumStages, kGemmType, kNumGroups>;
+                     const __grid_constant__ TmaDescriptor tmap_sfa, const __grid_constant__ TmaDescriptor tmap_sfb,
+                     const __grid_constant__ TmaDescriptor tmap_d) {
+  using T = Gemm1d1dTraits<SHAPE_N, BLOCK_M, BLOCK_N, kNumStages, kGemmType, kNumGroups, kTmaStore>;
   using Smem = typename T::Smem;
   using Scheduler = TileScheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, 1, false, kNumGroups>;
   constexpr uint32_t kNumAccum = T::kNumAccum;
@@ -151,6 +172,7 @@ fp8_gemm_1d1d_kernel(uint32_t shape_m, uint32_t shape_k, const int32_t* __restri
     tma_prefetch_descriptor(&tmap_b);
     tma_prefetch_descriptor(&tmap_sfa);
     tma_prefetch_descriptor(&tmap_sfb);
+    if constexpr (kTmaStore) tma_prefetch_descriptor(&tmap_d);
     // Every math warp releases every stage.
     init_stage_barriers<kNumStages>(full_bar, empty_bar, T::kNumMathThreads / 32);
     fence_barrier_init();
@@ -196,6 +218,7 @@ fp8_gemm_1d1d_kernel(uint32_t shape_m, uint32_t shape_k, const int32_t* __restri
     const uint32_t desc_a0 = smem_desc_sw128_lo(smem_a(0)) + __shfl_sync(0xffffffffu, row_off(0) * 128 / 16, 0);
     const uint32_t desc_b0 = smem_desc_sw128_lo(smem_b(0));
     PipeState<kNumStages> pipe;
+    uint32_t d_buf = 0;                      // TMA epilogue: the staging buffer next written
     float accum[kNumAccum];
     float final_accum[kWaves][kNumAccum];
 
@@ -269,45 +292,93 @@ fp8_gemm_1d1d_kernel(uint32_t shape_m, uint32_t shape_k, const int32_t* __restri
       }
 
       // ---------------------------------------------------------------- epilogue
-      // Per row of the thread's fragment (2 per 64-row sub-tile): every load
-      // of C first (BLOCK_N / 8 independent 8-byte loads, sharing one
-      // memory latency), then the additions and the stores.  Loading and
-      // storing element by element serialised a DRAM round trip per 8 bytes
-      // (C may be D, so the compiler keeps each load after the previous
-      // store): 2x the GEMM's time at 2112 x 7168 x 4096 (benches/RESULTS.md
-      // v0.11).  A whole sub-tile's loads at once spilled (BLOCK_N / 2 more
-      // registers).  Each element of C is read, then D written, by this
-      // thread alone, so C may be D.
       const bool empty = kb_count == 0;
-      const uint64_t group_off = static_cast<uint64_t>(tile.group) * shape_m * ld_d;
-      #pragma unroll
-      for (uint32_t v = 0; v < kWaves; ++v) {
-        #pragma unroll
-        for (uint32_t h = 0; h < 2; ++h) {
-          const uint32_t r = tile.m_block * BLOCK_M + row_off(v) + warp * 16 + lane / 4 + h * 8;
-          if (r >= shape_m) continue;
-          const uint64_t row = group_off + static_cast<uint64_t>(r) * ld_d;
-          const uint32_t c0 = tile.n_block * BLOCK_N + (lane % 4) * 2;
-          float2 cv[kNumAccum / 4];
-          if (c_ptr != nullptr) {
+      if constexpr (kTmaStore) {
+        // Chunk j of sub-tile v: columns [32 j, 32 j + 32) of its 64 rows.
+        // Before a buffer is rewritten, the store issued from it two chunks
+        // earlier must have finished reading it (wait_group.read 1 by the
+        // issuing thread, then the warpgroup's barrier); after the writes,
+        // a proxy fence and the barrier again, then one thread issues.
+        const bool accumulate = c_ptr != nullptr;
+        if (!(accumulate && empty)) {
+          const int32_t n0 = static_cast<int32_t>(tile.n_block * BLOCK_N);
+          #pragma unroll
+          for (uint32_t v = 0; v < kWaves; ++v) {
+            const int32_t m0 = static_cast<int32_t>(tile.m_block * BLOCK_M + row_off(v));
             #pragma unroll
-            for (uint32_t i = 0; i < kNumAccum / 4; ++i) {
-              cv[i] = c0 + i * 8 < SHAPE_N ? *reinterpret_cast<const float2*>(c_ptr + row + c0 + i * 8)
-                                           : make_float2(0.f, 0.f);
+            for (uint32_t j = 0; j < T::kDChunks; ++j) {
+              const uint32_t buf = Smem::kOffD + (warpgroup * 2 + d_buf) * Smem::kDChunk;
+              if (tid == 0) tma_store_wait_read<1>();
+              named_barrier_sync(2 + warpgroup, 128);
+              #pragma unroll
+              for (uint32_t h = 0; h < 2; ++h) {
+                const uint32_t r = warp * 16 + lane / 4 + h * 8;
+                #pragma unroll
+                for (uint32_t q = 0; q < 4; ++q) {
+                  const uint32_t i = j * 4 + q;
+                  const uint32_t off = (r * 128 + (q * 8 + (lane % 4) * 2) * 4) ^ ((r % 8) << 4);
+                  st_shared_v2_f32(smem_addr(smem + buf) + off, final_accum[v][i * 4 + h * 2],
+                                   final_accum[v][i * 4 + h * 2 + 1]);
+                }
+              }
+              fence_proxy_async_smem();
+              named_barrier_sync(2 + warpgroup, 128);
+              if (tid == 0) {
+                const int32_t nc = n0 + static_cast<int32_t>(j * 32);
+                if (accumulate) tma_reduce_add_3d(&tmap_d, smem + buf, nc, m0, static_cast<int32_t>(tile.group));
+                else tma_store_3d(&tmap_d, smem + buf, nc, m0, static_cast<int32_t>(tile.group));
+                tma_store_commit();
+              }
+              d_buf ^= 1u;
             }
           }
+        }
+      } else {
+        // Register form.  Per row of the thread's fragment (2 per 64-row
+        // sub-tile): every load of C first (BLOCK_N / 8 independent 8-byte
+        // loads, sharing one memory latency), then the additions and the
+        // stores.  Loading and
+        // storing element by element serialised a DRAM round trip per 8 bytes
+        // (C may be D, so the compiler keeps each load after the previous
+        // store): 2x the GEMM's time at 2112 x 7168 x 4096 (benches/RESULTS.md
+        // v0.11).  A whole sub-tile's loads at once spilled (BLOCK_N / 2 more
+        // registers).  Each element of C is read, then D written, by this
+        // thread alone, so C may be D.
+        const uint64_t group_off = static_cast<uint64_t>(tile.group) * shape_m * ld_d;
+        #pragma unroll
+        for (uint32_t v = 0; v < kWaves; ++v) {
           #pragma unroll
-          for (uint32_t i = 0; i < kNumAccum / 4; ++i) {
-            const uint32_t col = c0 + i * 8;
-            if (col >= SHAPE_N) continue;
-            float2 x = make_float2(final_accum[v][i * 4 + h * 2], final_accum[v][i * 4 + h * 2 + 1]);
+          for (uint32_t h = 0; h < 2; ++h) {
+            const uint32_t r = tile.m_block * BLOCK_M + row_off(v) + warp * 16 + lane / 4 + h * 8;
+            if (r >= shape_m) continue;
+            const uint64_t row = group_off + static_cast<uint64_t>(r) * ld_d;
+            const uint32_t c0 = tile.n_block * BLOCK_N + (lane % 4) * 2;
+            float2 cv[kNumAccum / 4];
             if (c_ptr != nullptr) {
-              x = empty ? cv[i] : make_float2(add_rn(cv[i].x, x.x), add_rn(cv[i].y, x.y));
+              #pragma unroll
+              for (uint32_t i = 0; i < kNumAccum / 4; ++i) {
+                cv[i] = c0 + i * 8 < SHAPE_N ? *reinterpret_cast<const float2*>(c_ptr + row + c0 + i * 8)
+                                             : make_float2(0.f, 0.f);
+              }
             }
-            *reinterpret_cast<float2*>(d_ptr + row + col) = x;
+            #pragma unroll
+            for (uint32_t i = 0; i < kNumAccum / 4; ++i) {
+              const uint32_t col = c0 + i * 8;
+              if (col >= SHAPE_N) continue;
+              float2 x = make_float2(final_accum[v][i * 4 + h * 2], final_accum[v][i * 4 + h * 2 + 1]);
+              if (c_ptr != nullptr) {
+                x = empty ? cv[i] : make_float2(add_rn(cv[i].x, x.x), add_rn(cv[i].y, x.y));
+              }
+              *reinterpret_cast<float2*>(d_ptr + row + col) = x;
+            }
           }
         }
       }
+    }
+    // The staging buffers must outlive the TMA stores' reads, and the
+    // stores are complete before the CTA exits.
+    if constexpr (kTmaStore) {
+      if (tid == 0) tma_store_wait_all();
     }
   }
 }

@@ -38,10 +38,6 @@
 
 namespace cugemm8 {
 
-__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
-  asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-}
-
 // Tiles whose BLOCK_N does not divide 128 straddle a 128-row boundary of the B
 // scales at a column that depends on the tile: the first `num_former` 8-column
 // chunks use one scale row, the rest the next.  A runtime boundary costs a

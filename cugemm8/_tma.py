@@ -24,6 +24,8 @@ import threading
 import numpy as np
 
 _DESC_DTYPE = np.dtype((np.void, 128))
+#: All-zero bytes in a kernel's descriptor slot that the instantiation never reads.
+NULL_DESCRIPTOR = np.zeros(1, _DESC_DTYPE)[0]
 _CACHE_SIZE = 4096
 _cache: "collections.OrderedDict[tuple, np.void]" = collections.OrderedDict()
 _lock = threading.Lock()

@@ -69,7 +69,13 @@ _WGRAD_SCALES_FIX = ("quantise with per_token_cast_to_fp8_t(..., mn_major=True),
 
 def _kernel_name(cfg: _config_1d1d.Gemm1d1dConfig, n: int, gemm_type: int, num_groups: int) -> str:
     return (f"cugemm8::fp8_gemm_1d1d_kernel<{n}, {cfg.block_m}, {cfg.block_n}, {cfg.num_stages}, "
-            f"{gemm_type}, {num_groups}>")
+            f"{gemm_type}, {num_groups}, {'true' if cfg.tma_store else 'false'}>")
+
+
+def _tma_store_allowed(d, c) -> bool:
+    """Whether the call can take the TMA epilogue: no ``c`` or ``c`` is ``d``
+    (a TMA reduce-add into ``d``), and ``d`` 16-byte aligned (TMA's rule)."""
+    return (c is None or c is d) and d.data.ptr % 16 == 0
 
 
 def _check_d(name: str, x, shape: tuple, cupy) -> None:
@@ -162,11 +168,13 @@ def _forced_config(cfg: _config_1d1d.Gemm1d1dConfig):
 
 
 def get_gemm_1d1d_config(m: int, n: int, k: int, *, num_groups: int = 1, with_c: bool = False,
-                         num_sms: int | None = None) -> _config_1d1d.Gemm1d1dConfig:
+                         num_sms: int | None = None, tma_store: bool = True) -> _config_1d1d.Gemm1d1dConfig:
     """The kernel configuration (:class:`cugemm8.Gemm1d1dConfig`) the 1D1D
     ops launch for D ``[m, n]`` (per group) and total K ``k`` (the rules and
     the cost model are in ``cugemm8/_config_1d1d.py``); ``with_c``: whether
-    ``c`` is given.  ``num_sms`` defaults to the current device's budget
+    ``c`` is given; ``tma_store``: whether the TMA epilogue is allowed (the
+    ops pass False when ``c`` is given and is not ``d``, or ``d`` is not
+    16-byte aligned).  ``num_sms`` defaults to the current device's budget
     (:func:`cugemm8.set_num_sms`), which needs a GPU: without one, pass
     ``num_sms``, or this raises :class:`cugemm8.DeviceError`.  Raises
     ``ValueError`` / ``TypeError`` for negative or non-integer sizes."""
@@ -174,7 +182,8 @@ def get_gemm_1d1d_config(m: int, n: int, k: int, *, num_groups: int = 1, with_c:
         return _forced[-1]
     if num_sms is None:
         num_sms = _device.get_num_sms(_device.require_hopper())
-    return _config_1d1d.select_config(m, n, k, num_groups=num_groups, num_sms=num_sms, with_c=with_c)
+    return _config_1d1d.select_config(m, n, k, num_groups=num_groups, num_sms=num_sms, with_c=with_c,
+                                      tma_store=tma_store)
 
 
 def _launch(cfg, gemm_type: int, m: int, n: int, k_total: int, num_groups: int, a, sfa, b, sfb, d, c,
@@ -193,10 +202,19 @@ def _launch(cfg, gemm_type: int, m: int, n: int, k_total: int, num_groups: int, 
         return _tma.make_descriptor("f32", sf.data.ptr, (rows, kb, 1), (pad * 4, pad * 4 * kb),
                                     (box, 1, 1), swizzle=0, l2_256=False)
 
+    if cfg.tma_store:
+        if not _tma_store_allowed(d, c):
+            raise ValueError(f"configuration {cfg} stores D through TMA, which needs c to be None or d and d "
+                             f"16-byte aligned")
+        # D as (n, m, groups) FP32, 64 x 32 boxes (128 B rows, 128B swizzle: the staging layout).
+        tmap_d = _tma.make_descriptor("f32", d.data.ptr, (n, m, num_groups), (n * 4, n * 4 * m),
+                                      (32, 64, 1), swizzle=128, l2_256=False)
+    else:
+        tmap_d = _tma.NULL_DESCRIPTOR
     args = (np.uint32(m), np.uint32(k_total),
             np.uint64(ks_tensor.data.ptr) if ks_tensor is not None else _NULL,
             np.uint64(d.data.ptr), np.uint64(c.data.ptr) if c is not None else _NULL, np.uint32(n),
-            tmap_a, tmap_b, scale_map(sfa, m, cfg.block_m), scale_map(sfb, n, cfg.block_n))
+            tmap_a, tmap_b, scale_map(sfa, m, cfg.block_m), scale_map(sfb, n, cfg.block_n), tmap_d)
     Launcher(kern, (cfg.num_sms,), (384,), args, cfg.smem_bytes)()
 
 
@@ -249,7 +267,7 @@ def fp8_gemm_nt(a: tuple[cupy.ndarray, cupy.ndarray], b: tuple[cupy.ndarray, cup
     c = _check_c(c, d, cupy)
     if _nothing_to_multiply(m, n, k, d, c, {"a": a, "sfa": sfa, "b": b, "sfb": sfb}, cupy):
         return
-    cfg = get_gemm_1d1d_config(m, n, k, with_c=c is not None)
+    cfg = get_gemm_1d1d_config(m, n, k, with_c=c is not None, tma_store=_tma_store_allowed(d, c))
     sfa, sfb = (_prepare_sfa(sfa, cupy, "a[1] (sfa)", _WGRAD_SCALES_FIX),
                 _prepare_sfa(sfb, cupy, "b[1] (sfb)", _WGRAD_SCALES_FIX))
     _launch(cfg, _NORMAL, m, n, k, 1, a, sfa, b, sfb, d, c, None)
@@ -326,7 +344,7 @@ def k_grouped_fp8_gemm_nt_contiguous(a: tuple[cupy.ndarray, cupy.ndarray],
     if _nothing_to_multiply(m, n, k, d, c, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "ks_tensor": ks_tensor},
                             cupy):
         return
-    cfg = get_gemm_1d1d_config(m, n, k, num_groups=g, with_c=c is not None)
+    cfg = get_gemm_1d1d_config(m, n, k, num_groups=g, with_c=c is not None, tma_store=_tma_store_allowed(d, c))
     if ks_tensor is None:
         refuse_temporary_under_capture(
             "ks_tensor was not given, so this call would copy ks to the device into a temporary",

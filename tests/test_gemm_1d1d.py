@@ -55,15 +55,16 @@ def test_is_legal_smem_and_grid():
 
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(m=st.integers(0, 40000), n=st.integers(1, 5000).map(lambda v: 8 * v), k=st.integers(0, 70000),
-       g=st.integers(1, 64), sms=st.integers(1, 132), with_c=st.booleans())
-def test_selection_is_legal_and_deterministic(m, n, k, g, sms, with_c):
-    cfg = C1.select_config(m, n, k, num_groups=g, num_sms=sms, with_c=with_c)
+       g=st.integers(1, 64), sms=st.integers(1, 132), with_c=st.booleans(), tma=st.booleans())
+def test_selection_is_legal_and_deterministic(m, n, k, g, sms, with_c, tma):
+    cfg = C1.select_config(m, n, k, num_groups=g, num_sms=sms, with_c=with_c, tma_store=tma)
     assert C1.is_legal(cfg, available_sms=sms) == (True, "ok")
-    assert cfg.num_stages == C1.max_stages(cfg.block_m, cfg.block_n)      # the deepest pipeline
+    assert cfg.tma_store == (tma and C1.tma_store_ok(cfg.block_n))   # TMA wherever the call and the tile allow it
+    assert cfg.num_stages == C1.max_stages(cfg.block_m, cfg.block_n, tma_store=cfg.tma_store)   # the deepest pipeline
     tiles = g * -(-max(m, 1) // cfg.block_m) * -(-max(n, 8) // cfg.block_n)
     assert cfg.num_sms == min(sms, tiles)
     C1._rank.cache_clear()
-    assert C1.select_config(m, n, k, num_groups=g, num_sms=sms, with_c=with_c) == cfg
+    assert C1.select_config(m, n, k, num_groups=g, num_sms=sms, with_c=with_c, tma_store=tma) == cfg
 
 
 def test_selection_rejects_bad_arguments():
@@ -226,24 +227,29 @@ def test_k_grouped_shape_rules():
 
 # ---------------------------------------------------------------- compile
 
-COMPILE = [(2048, 128, 128, 6, 0, 1), (7168, 256, 128, 4, 0, 1), (7168, 128, 160, 6, 0, 1),
-           (7168, 256, 112, 4, 0, 1), (2048, 128, 64, 8, 0, 1), (1000, 128, 136, 5, 0, 1),
-           (7168, 256, 128, 4, 3, 4), (2048, 256, 96, 4, 3, 8), (1000, 128, 8, 12, 3, 3)]
+# (n, bm, bn, stages, gemm type, groups, TMA epilogue)
+COMPILE = [(2048, 128, 128, 6, 0, 1, False), (7168, 256, 128, 4, 0, 1, False), (7168, 128, 160, 6, 0, 1, False),
+           (7168, 256, 112, 4, 0, 1, False), (2048, 128, 64, 8, 0, 1, False), (1000, 128, 136, 5, 0, 1, False),
+           (7168, 256, 128, 4, 3, 4, False), (2048, 256, 96, 4, 3, 8, False), (1000, 128, 8, 12, 3, 3, False),
+           (7168, 128, 160, 5, 0, 1, True), (2048, 128, 128, 5, 0, 1, True), (1000, 128, 96, 6, 3, 3, True),
+           (7168, 256, 128, 3, 0, 1, True), (520, 128, 64, 7, 0, 1, True)]
 
 
 def _bench_picks():
     """The instantiations the ops pick for benches/bench_training.py's shapes
     (wgrad of the six DeepSeek-V3 linear layers at 4096 tokens, DeepGEMM's
-    k-grouped sizes), as (n, bm, bn, stages, gemm type, groups)."""
+    k-grouped sizes), as (n, bm, bn, stages, gemm type, groups, TMA epilogue),
+    in place (``c = d``) and with ``c`` another array (the register epilogue)."""
     from cugemm8._shapes import DEEPSEEK_NK
     picks = set()
-    for n_out, k_in in DEEPSEEK_NK[:6]:
-        c = C1.select_config(n_out, k_in, 4096, with_c=True)
-        picks.add((k_in, c.block_m, c.block_n, c.num_stages, 0, 1))
-    for g, m, n, k in ((4, 4096, 7168, 8192), (4, 7168, 2048, 8192), (8, 4096, 7168, 4096),
-                       (8, 7168, 2048, 4096), (16, 4096, 7168, 2048), (16, 7168, 2048, 2048)):
-        c = C1.select_config(m, n, g * k, num_groups=g, with_c=True)
-        picks.add((n, c.block_m, c.block_n, c.num_stages, 3, g))
+    for tma in (True, False):
+        for n_out, k_in in DEEPSEEK_NK[:6]:
+            c = C1.select_config(n_out, k_in, 4096, with_c=True, tma_store=tma)
+            picks.add((k_in, c.block_m, c.block_n, c.num_stages, 0, 1, c.tma_store))
+        for g, m, n, k in ((4, 4096, 7168, 8192), (4, 7168, 2048, 8192), (8, 4096, 7168, 4096),
+                           (8, 7168, 2048, 4096), (16, 4096, 7168, 2048), (16, 7168, 2048, 2048)):
+            c = C1.select_config(m, n, g * k, num_groups=g, with_c=True, tma_store=tma)
+            picks.add((n, c.block_m, c.block_n, c.num_stages, 3, g, c.tma_store))
     return sorted(picks)
 
 
@@ -251,9 +257,10 @@ def _bench_picks():
 def test_kernels_compile_without_spills():
     from cugemm8 import _jit
     todo = sorted(set(COMPILE) | set(_bench_picks()))
-    names = [f"cugemm8::fp8_gemm_1d1d_kernel<{n}, {bm}, {bn}, {s}, {t}, {g}>" for n, bm, bn, s, t, g in todo]
-    for n, bm, bn, s, t, g in todo:
-        assert C1.is_legal(C1.make_config(bm, bn, s, 132))[0]
+    names = [f"cugemm8::fp8_gemm_1d1d_kernel<{n}, {bm}, {bn}, {s}, {t}, {g}, {str(tma).lower()}>"
+             for n, bm, bn, s, t, g, tma in todo]
+    for n, bm, bn, s, t, g, tma in todo:
+        assert C1.is_legal(C1.make_config(bm, bn, s, 132, tma))[0], (bm, bn, s, tma)
     want_sass = _jit.find_tool("ptxas") is not None and _jit.find_tool("cuobjdump") is not None
     rep = _jit.compile_only(G1._HEADER, names, sass=want_sass)
     assert len(rep.resources) == len(names)

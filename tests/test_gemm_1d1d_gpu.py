@@ -96,12 +96,14 @@ def run(cp, a, sfa, b, sfb, c=None, *, in_place=False):
 # ------------------------------------------------------------------ normal
 
 @pytest.mark.parametrize("m,n,k", [(1, 8, 128), (64, 128, 256), (130, 136, 384), (200, 264, 1040), (37, 520, 16)])
-@pytest.mark.parametrize("with_c", [False, True])
+@pytest.mark.parametrize("with_c", ["none", "copy", "in_place"])
 def test_bit_exact_against_the_promotion_model(cp, m, n, k, with_c):
-    rng = np.random.default_rng(m * 31 + n + k + with_c)
+    """``none`` and ``in_place`` take the TMA epilogue (a store; a reduce-add
+    into d), ``copy`` (c another array) the register epilogue."""
+    rng = np.random.default_rng(m * 31 + n + k + len(with_c))
     a, sfa, b, sfb = operands(cp, rng, m, n, k)
-    c = cp.asarray(rng.standard_normal((m, n)).astype(np.float32)) if with_c else None
-    d = run(cp, a, sfa, b, sfb, c)
+    c = cp.asarray(rng.standard_normal((m, n)).astype(np.float32)) if with_c != "none" else None
+    d = run(cp, a, sfa, b, sfb, c, in_place=with_c == "in_place")
     want = RT.promoted_accumulation_model_1d1d(cp.asnumpy(a), cp.asnumpy(sfa), cp.asnumpy(b), cp.asnumpy(sfb),
                                                None if c is None else cp.asnumpy(c), tensor_core="hopper")
     got = cp.asnumpy(d)
@@ -137,27 +139,89 @@ def test_wgrad_shapes(cp, m, n, k):
     del ref, bound
 
 
-FORCED = [(128, 64, 8), (128, 128, 6), (128, 160, 6), (128, 136, 5), (256, 128, 4), (256, 96, 4), (256, 56, 5),
-          (128, 8, 12)]
+# (BLOCK_M, BLOCK_N, stages, TMA epilogue)
+FORCED = [(128, 64, 8, False), (128, 128, 6, False), (128, 160, 6, False), (128, 136, 5, False),
+          (256, 128, 4, False), (256, 96, 4, False), (256, 56, 5, False), (128, 8, 12, False),
+          (128, 64, 7, True), (128, 96, 6, True), (128, 128, 5, True), (128, 160, 5, True), (256, 128, 3, True),
+          (128, 32, 3, True)]
 
 
 @pytest.mark.parametrize("num_sms", [132, 5])
 def test_forced_configs_bit_identical(cp, num_sms):
-    """Tails in M, N and K (333 x 1000 x 1040); 5 SMs run many tiles per CTA."""
+    """Tails in M, N and K (333 x 1000 x 1040); 5 SMs run many tiles per CTA
+    (and, with the TMA epilogue, reuse its staging buffers across tiles).
+    Each configuration also accumulates into c = d (the TMA forms by a
+    reduce-add), bit-identical to fl32(c + D)."""
     m, n, k = 333, 1000, 1040
     rng = np.random.default_rng(num_sms)
     a, sfa, b, sfb = operands(cp, rng, m, n, k)
+    c = cp.asarray(rng.standard_normal((m, n)).astype(np.float32))
     ref, bound = ref_and_bound(cp, a, sfa, b, sfb)
     first = None
-    for bm, bn, st in FORCED:
-        cfg = _config_1d1d.make_config(bm, bn, st, num_sms)
+    for bm, bn, st, tma in FORCED:
+        cfg = _config_1d1d.make_config(bm, bn, st, num_sms, tma)
         assert _config_1d1d.is_legal(cfg)[0], cfg
         with G._forced_config(cfg):
             d = run(cp, a, sfa, b, sfb)
+            d_c = run(cp, a, sfa, b, sfb, c, in_place=True)
         check(cp, d, ref, bound, str(cfg))
         if first is None:
             first = d
+            want = (c.astype(cp.float64) + first.astype(cp.float64)).astype(cp.float32)
         assert bool(cp.all(d.view(cp.uint32) == first.view(cp.uint32))), f"{cfg} differs from {FORCED[0]}"
+        assert bool(cp.all(d_c.view(cp.uint32) == want.view(cp.uint32))), f"{cfg}: c = d differs from fl32(c + D)"
+
+
+def test_tma_epilogue_needs_c_to_be_d(cp):
+    """A forced TMA configuration with c another array is refused before the
+    launch (the reduce-add adds into d); the heuristic takes the register
+    epilogue there, and for a d that is 8- but not 16-byte aligned."""
+    rng = np.random.default_rng(11)
+    m, n, k = 64, 128, 256
+    a, sfa, b, sfb = operands(cp, rng, m, n, k)
+    c = cp.asarray(rng.standard_normal((m, n)).astype(np.float32))
+    d = cp.full((m, n), np.nan, cp.float32)
+    with G._forced_config(_config_1d1d.make_config(128, 128, 5, 132, True)):
+        with pytest.raises(ValueError, match="TMA"):
+            cugemm8.fp8_gemm_nt((a, sfa), (b, sfb), d, c=c)
+    assert bool(cp.isnan(d).all()), "the refused call wrote d"
+    assert not G.get_gemm_1d1d_config(m, n, k, with_c=True, tma_store=False).tma_store
+    full = cp.full(m * n + 2 * GUARD + 2, np.nan, cp.float32)
+    odd = full[GUARD + 2:GUARD + 2 + m * n].reshape(m, n)         # 8 mod 16 bytes
+    assert odd.data.ptr % 16 == 8 and not G._tma_store_allowed(odd, None)
+    cugemm8.fp8_gemm_nt((a, sfa), (b, sfb), odd)
+    aligned = run(cp, a, sfa, b, sfb)
+    assert bool(cp.all(odd.view(cp.uint32) == aligned.view(cp.uint32)))
+    assert bool(cp.isnan(full[:GUARD + 2]).all()) and bool(cp.isnan(full[GUARD + 2 + m * n:]).all())
+
+
+def test_in_place_reduce_add_keeps_subnormals_and_specials(cp):
+    """The TMA reduce-add (c = d) against the register epilogue's add.rn (c
+    another array) and NumPy's fl32(c + D): D mostly FP32 subnormals (B
+    scales 2^-149), subnormal and zero c of both signs, +-Inf, NaN, and an
+    exact cancellation."""
+    m, n, k = 130, 256, 1024
+    rng = np.random.default_rng(12)
+    a = H.random_fp8(cp, rng, (m, k))
+    b = H.random_fp8(cp, rng, (n, k))
+    sfa = cp.ones((m, k // 128), cp.float32)
+    sfb = cp.asarray(np.full((n, k // 128), 2.0 ** -149, np.float32))
+    d0 = run(cp, a, sfa, b, sfb)
+    tiny = cp.asnumpy(d0)
+    assert np.any((tiny != 0) & (np.abs(tiny) < 2.0 ** -126)), "the case must produce subnormal D"
+    c_host = (rng.standard_normal((m, n)) * 2.0 ** -128).astype(np.float32)   # mostly subnormal
+    c_host[0, :6] = [-0.0, 0.0, np.inf, -np.inf, np.nan, np.float32(2.0 ** -149)]
+    c_host[1, :] = -tiny[1, :]                                                # exact cancellation: +0
+    c = cp.asarray(c_host)
+    in_place = run(cp, a, sfa, b, sfb, c, in_place=True)
+    copy = run(cp, a, sfa, b, sfb, c)
+    want = (c_host.astype(np.float64) + tiny.astype(np.float64)).astype(np.float32)
+    for name, got in (("reduce-add", cp.asnumpy(in_place)), ("register add", cp.asnumpy(copy))):
+        nan = np.isnan(want)
+        assert np.array_equal(np.isnan(got), nan), name
+        same = got.view(np.uint32)[~nan] == want.view(np.uint32)[~nan]
+        assert same.all(), (f"{name}: {int((~same).sum())} elements differ from fl32(c + D), e.g. "
+                            f"{got[~nan][~same][:3]!r} vs {want[~nan][~same][:3]!r}")
 
 
 def test_all_positive_long_k_is_promoted(cp):

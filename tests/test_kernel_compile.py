@@ -146,10 +146,11 @@ def test_1d1d_smem_layout_matches_the_python_formula():
     for bm in C1.BLOCK_M_CANDIDATES:
         for bn in range(8, 257, 8):
             for stages in (2, 6, 16):
-                t = f"cugemm8::SmemLayout1d1d<{bm}u, {bn}u, {stages}u>"
-                want = C1.smem_size(bm, bn, stages)
-                checks.append(f"static_assert({t}::kTotal == {want}u && {t}::kOffB % 1024 == 0 && "
-                              f"{t}::kOffBar % 8 == 0, \"{bm} {bn} {stages}\");")
+                for tma in (False, True):
+                    t = f"cugemm8::SmemLayout1d1d<{bm}u, {bn}u, {stages}u, {str(tma).lower()}>"
+                    want = C1.smem_size(bm, bn, stages, tma)
+                    checks.append(f"static_assert({t}::kTotal == {want}u && {t}::kOffA % 1024 == 0 && "
+                                  f"{t}::kOffB % 1024 == 0 && {t}::kOffBar % 8 == 0, \"{bm} {bn} {stages} {tma}\");")
     _compile_static_asserts(checks, header="fp8_gemm_1d1d.cuh")
 
 

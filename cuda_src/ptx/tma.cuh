@@ -82,6 +82,17 @@ __device__ __forceinline__ void tma_store_3d(const TmaDescriptor* desc, const vo
       : "memory");
 }
 
+// 3-D tile reduce-add of FP32 from shared memory into global memory (done
+// in L2: each element becomes fl32(global + shared), PTX ISA
+// "cp.reduce.async.bulk.tensor"); clipped like tma_store_3d.
+__device__ __forceinline__ void tma_reduce_add_3d(const TmaDescriptor* desc, const void* src,
+                                                  int32_t c0, int32_t c1, int32_t c2) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];"
+      ::"l"(reinterpret_cast<uint64_t>(desc)), "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
 __device__ __forceinline__ void tma_store_commit() {
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }
@@ -90,6 +101,11 @@ __device__ __forceinline__ void tma_store_commit() {
 template <int N>
 __device__ __forceinline__ void tma_store_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+
+// Wait until every committed store group has completed (writes done).
+__device__ __forceinline__ void tma_store_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
 }  // namespace cugemm8

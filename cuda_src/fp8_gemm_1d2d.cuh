@@ -714,21 +714,35 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
       // the staging buffer, stage BF16 into swizzled shared memory, then store.
       if (tid == 0) tma_store_wait_read<0>();
       named_barrier_sync(2 + warpgroup, 128);
+      // stmatrix (PTX ISA "stmatrix"): each m8n8 matrix is one 8-row x
+      // 8-column block of the accumulator fragment (a thread's two BF16 of
+      // row lane / 4), so one .x4 stores the blocks (h, i), (h + 1, i),
+      // (h, i + 1), (h + 1, i + 1) of 8-column groups i and i + 1, lane l
+      // giving the 16-byte row address of block l / 8: 4x fewer store
+      // instructions than 4-byte stores, one swizzled address each.
       #pragma unroll
       for (uint32_t v = 0; v < kWaves; ++v) {
         if (!use_tma[v]) continue;
         const uint32_t slab_base = smem_addr(smem) + (v * kNumMathWG + warpgroup) * 64 * BLOCK_N * 2;
+        const uint32_t r = warp * 16 + ((lane / 8) & 1u) * 8 + lane % 8;   // the row this lane addresses
+        auto row_addr = [&](uint32_t group) {
+          const uint32_t col = group * 8;
+          uint32_t off = (col / T::kDCols) * 64 * T::kDRowBytes + r * T::kDRowBytes + (col % T::kDCols) * 2;
+          if constexpr (kSwizzleDBytes != 0) off ^= ((off >> 7) & T::kSwizzleMask) << 4;
+          return slab_base + off;
+        };
+        const float* acc = final_accum[v];
         #pragma unroll
-        for (uint32_t h = 0; h < 2; ++h) {
-          const uint32_t r = warp * 16 + lane / 4 + h * 8;
-          #pragma unroll
-          for (uint32_t i = 0; i < kNumAccum / 4; ++i) {
-            const uint32_t col = i * 8 + (lane % 4) * 2;
-            uint32_t off = (col / T::kDCols) * 64 * T::kDRowBytes + r * T::kDRowBytes + (col % T::kDCols) * 2;
-            if constexpr (kSwizzleDBytes != 0) off ^= ((off >> 7) & T::kSwizzleMask) << 4;
-            st_shared_u32(slab_base + off,
-                          pack_bf16x2(final_accum[v][i * 4 + h * 2], final_accum[v][i * 4 + h * 2 + 1]));
-          }
+        for (uint32_t i = 0; i + 1 < kNumAccum / 4; i += 2) {
+          stmatrix_x4(row_addr(i + lane / 16), pack_bf16x2(acc[i * 4 + 0], acc[i * 4 + 1]),
+                      pack_bf16x2(acc[i * 4 + 2], acc[i * 4 + 3]), pack_bf16x2(acc[i * 4 + 4], acc[i * 4 + 5]),
+                      pack_bf16x2(acc[i * 4 + 6], acc[i * 4 + 7]));
+        }
+        if constexpr ((kNumAccum / 4) % 2 == 1) {
+          // An odd number of 8-column groups: the last one by .x2 (lanes 0-15 address).
+          constexpr uint32_t i = kNumAccum / 4 - 1;
+          stmatrix_x2(row_addr(i), pack_bf16x2(acc[i * 4 + 0], acc[i * 4 + 1]),
+                      pack_bf16x2(acc[i * 4 + 2], acc[i * 4 + 3]));
         }
       }
       fence_proxy_async_smem();

@@ -29,6 +29,17 @@ cases; normal M = 1 ... 8192 on the DeepSeek-V3 (N, K); masked and
 contiguous decode and prefill shapes), every shape whose pick changed and
 whose new pick no sweep measured: the shapes a GPU run must confirm.
 
+``--dram-floor RATE,T0`` evaluates a DRAM floor on top of the ``after``
+model without editing it: each candidate's score becomes
+``max(score, T0 + unique_bytes / RATE)`` (``--floor-mode hard``, the other
+tie-breaks of ``_rank`` unchanged) or the 4-norm of the two (``soft``), with
+RATE in bytes per SM cycle and T0 in cycles, unique_bytes = A + SFA + B + SFB
++ D of the whole grid (:func:`unique_bytes`).  That floor is the same for
+every candidate of a shape, so the soft form can change no pick; the hard
+one changes picks only through ties under the floor (issue 18, RESULTS
+v0.12's analysis; the lower envelope of the sweeps' fastest times is 3.51 us
++ bytes / 3.96 TB/s: ``--dram-floor 2256,6160`` at 1.755 GHz).
+
 Prints; never asserts.
 """
 from __future__ import annotations
@@ -46,8 +57,7 @@ from pathlib import Path
 _ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(_ROOT))
 
-import cugemm8  # noqa: E402,F401  (the package the loaded models import from)
-from cugemm8 import _config as _current  # noqa: E402
+from cugemm8 import _config as _current  # noqa: E402  (also the package git models import from)
 from cugemm8._shapes import DEEPSEEK_NK  # noqa: E402
 
 EXPERIMENTS = _ROOT / "benches" / "experiments"
@@ -80,6 +90,44 @@ def load_model(rev: str | None, tag: str):
     sys.modules[name] = mod
     exec(compile(src, f"{rev}:cugemm8/_config.py", "exec"), mod.__dict__)
     return mod
+
+
+def unique_bytes(kind: str, m: int, n: int, k: int, g: int) -> int:
+    """Bytes every GEMM of the shape must move through HBM at least once:
+    A and its scales (FP8 + FP32 per 128 K), B and its scales (per 128 x 128
+    block; one B per group for masked and contiguous), D (BF16).  ``m`` is
+    m_sum for contiguous and expected_m (per group) for masked."""
+    kb = -(-k // 128)
+    rows = g * m if kind == "masked" else m
+    b_groups = 1 if kind == "normal" else g
+    return (rows * k + rows * kb * 4 + b_groups * (n * k + -(-n // 128) * kb * 4)
+            + rows * n * 2)
+
+
+class FloorModel:
+    """``model`` with a DRAM floor on every candidate's score (--dram-floor)."""
+
+    def __init__(self, model, rate: float, t0: float, mode: str):
+        self.model, self.rate, self.t0, self.mode = model, rate, t0, mode
+
+    def select_config(self, kind, m, n, k, *, num_groups=1, num_sms=132):
+        mdl = self.model
+        m_eff = max(m, 1)
+        floor = self.t0 + unique_bytes(kind, m_eff, n, k, num_groups) / self.rate
+        groups = num_groups if kind == "masked" else 1
+        ranked = []
+        for score, c in mdl.ranked_configs(kind, m, n, k, num_groups=num_groups, num_sms=num_sms):
+            if self.mode == "hard":
+                s = max(score, floor)
+            else:
+                s = (score ** 4 + floor ** 4) ** 0.25
+            executed = mdl._executed_tiles(groups, -(-m_eff // c.block_m), -(-n // c.block_n),
+                                           c.num_multicast, c.multicast_on_a)
+            # _rank's key: score, padded work, then its tie-breaks
+            ranked.append(((s, executed * c.block_m * c.block_n, c.num_multicast, c.num_k_splits,
+                            -c.block_m, c.block_n, 0 if c.multicast_on_a else 1,
+                            -c.num_math_warpgroups), c))
+        return min(ranked, key=lambda e: e[0])[1]
 
 
 def pick(model, shape, num_sms):
@@ -162,10 +210,19 @@ def main(argv=None) -> int:
     ap.add_argument("--changed", action="store_true", help="only the shapes whose pick changed")
     ap.add_argument("--unmeasured", action="store_true",
                     help="list changed picks on a wider grid that no sweep measured")
+    ap.add_argument("--dram-floor", metavar="RATE,T0",
+                    help="evaluate the after model with a DRAM floor: RATE bytes/cycle, T0 cycles")
+    ap.add_argument("--floor-mode", choices=("hard", "soft"), default="hard")
     args = ap.parse_args(argv)
 
     before = None if args.before.lower() == "none" else load_model(args.before, "before")
     after = load_model(args.after, "after")
+    if args.dram_floor:
+        rate, t0 = (float(x) for x in args.dram_floor.split(","))
+        after = FloorModel(after, rate, t0, args.floor_mode)
+        print(f"after = the {args.after or 'working tree'} model with a {args.floor_mode} DRAM floor "
+              f"of {t0:g} cycles + unique bytes / {rate:g} B/cycle "
+              f"({rate * 1.755e9 / 1e12:.2f} TB/s at 1.755 GHz)")
     shapes, num_sms = load_shapes()
 
     head = ("sweep", "use", "kind", "shape", "before", "us", "after", "us", "fastest", "us",
@@ -198,7 +255,9 @@ def main(argv=None) -> int:
     print()
     if before:
         print(summary(f"before ({args.before})", reg_b))
-    print(summary(f"after ({args.after or 'working tree'})", reg_a))
+    after_name = (args.after or "working tree") + (f" + {args.floor_mode} floor {args.dram_floor}"
+                                                    if args.dram_floor else "")
+    print(summary(f"after ({after_name})", reg_a))
     if unmeasured:
         print("after picks no sweep measured (judged shapes):")
         for line in unmeasured:

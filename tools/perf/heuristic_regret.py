@@ -2,6 +2,7 @@
 
     python tools/perf/heuristic_regret.py [--before REV|none] [--after REV] [--all]
                                           [--changed] [--unmeasured]
+                                          [--dram-floor RATE,T0 [--floor-mode hard|soft]]
 
 For every shape of every forced-config sweep in ``benches/experiments/``
 (the JSONs ``tests/test_config.py`` judges the heuristic by, read in the

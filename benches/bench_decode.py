@@ -1,7 +1,8 @@
 """Decode-sized normal GEMMs: M = 1 ... 128 on the six DeepSeek-V3 weight shapes.
 
     python benches/bench_decode.py [--ms 1,2,4,8,16,32,64,128] [--reps 30] [--passes 2]
-                                   [--deepgemm] [--sweep 1,8,32,64,128] [--json OUT]
+                                   [--deepgemm] [--sweep 1,8,32,64,128] [--sweep-kind full|multicast]
+                                   [--json OUT]
 
 Per (M, N, K), from one process: the config cugemm8 picks; its kernel time
 (CUPTI through torch.profiler when torch is installed, else CUDA events),
@@ -21,7 +22,9 @@ of the copy in geomean over M <= 128, no shape below 40 %.
 ``--sweep`` also times forced configurations at the listed M (BLOCK_M 64 and
 128 tiles over the BLOCK_N candidates, with and without split K, BLOCK_M 64
 with one and with two math warpgroups, plus tune's candidates from the cost
-model's top 6), each checked first, to judge the heuristic.
+model's top 6), each checked first, to judge the heuristic;
+``--sweep-kind multicast`` times only the pick's TMA-multicast twins (A or
+B multicast in clusters of 2).
 This script reports; it never asserts.
 """
 from __future__ import annotations
@@ -69,10 +72,29 @@ def sweep_candidates(shape: Shape, num_sms: int) -> list:
     return sweep_configs.unique_configs(found + sweep_configs.candidates(shape, 6, num_sms))
 
 
+def multicast_candidates(shape: Shape, num_sms: int) -> list:
+    """The pick's TMA-multicast twins (clusters of 2, A or B multicast; a
+    split-K pick's tile without the split, since a cluster either splits K
+    or multicasts), for ``--sweep-kind multicast``."""
+    import cugemm8
+    import sweep_configs
+    from cugemm8 import _tune
+    pick = cugemm8.get_gemm_config("normal", shape.m, shape.n, shape.k)
+    found = [sweep_configs.forced_config(shape, pick.block_m, pick.block_n, pick.num_stages, num_sms,
+                                         wgs=pick.num_math_warpgroups)] if pick.num_k_splits > 1 else []
+    for on_a in (True, False):
+        found.append(_tune.forced_config("normal", shape.m, shape.n, shape.k, 1, pick.block_m, pick.block_n,
+                                         pick.num_stages, num_sms, mc=2, on_a=on_a, splits=1,
+                                         wgs=pick.num_math_warpgroups))
+    return sweep_configs.unique_configs([c for c in found if c is not None])
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common.add_run_args(p, DECODE_MS, dg_help="time DeepGEMM (importable deep_gemm) beside")
     p.add_argument("--sweep", default="", help="M values at which to time forced configs too")
+    p.add_argument("--sweep-kind", choices=("full", "multicast"), default="full",
+                   help="full: the candidates above; multicast: only the pick's multicast twins")
     args = p.parse_args(argv)
 
     from cugemm8 import _device, _jit, gemm as G
@@ -86,6 +108,7 @@ def main(argv=None) -> int:
     sweep_ms = {int(x) for x in args.sweep.split(",") if x}
     nks = DEEPSEEK_NK[:6]
     num_sms = cugemm8.get_num_sms()
+    sweep_of = multicast_candidates if args.sweep_kind == "multicast" else sweep_candidates
     copy_gbps = common.copy_bandwidth_gbps()
     flush = common.L2Flush()
     torch, torch_api = common.load_torch()
@@ -101,7 +124,7 @@ def main(argv=None) -> int:
             shape = Shape("normal", m, n, k)
             cfgs = [cugemm8.get_gemm_config("normal", m, n, k)]
             if m in sweep_ms:
-                cfgs += sweep_candidates(shape, num_sms)
+                cfgs += sweep_of(shape, num_sms)
             for cfg in cfgs:
                 jobs[G._kernel_name(cfg, n, k, 0, 1)] = cfg.smem_bytes
     with ThreadPoolExecutor(16) as pool:
@@ -145,7 +168,7 @@ def main(argv=None) -> int:
                     entries["cublaslt"] = (None, f"error {type(exc).__name__}"[:80])
             forced = {}
             if m in sweep_ms:
-                for c in sweep_candidates(shape, num_sms):
+                for c in sweep_of(shape, num_sms):
                     o = poisoned_out(shape, ops, cp)
                     launcher = G._prepare_launch(c, "normal", n, k, 1, m, m, ops["a"], sfa, ops["b"],
                                                  ops["sfb"], o, None, 1)

@@ -1,0 +1,199 @@
+"""Energy per GEMM under sustained load, beside DeepGEMM (issue 20; one GPU call).
+
+    python benches/bench_energy.py [--ms 4096] [--seconds 1.0] [--rounds 2] [--deepgemm] [--json OUT]
+
+At M = 4096 both libraries run against the H200's power cap, so the clock a
+kernel is allowed and the joules it spends per GEMM decide its speed more
+than its cycle count at a fixed clock.  For each normal DeepSeek-V3 shape
+(M x the six (N, K) pairs) this runs each library's GEMM back to back for
+``--seconds`` (no L2 flush: a sustained loop, as in a prefill), alternating
+the libraries ``--rounds`` times (A B A B: drift and heating hit both), and
+reports per library the median over rounds of
+
+* µs per GEMM (CUDA events around the loop, divided by its length);
+* J per GEMM: NVML's total-energy counter (``nvmlDeviceGetTotalEnergyConsumption``,
+  millijoules, through ``cuda.bindings.nvml``; read after synchronising
+  before and after the loop), divided by the loop's length;
+* mean power (W) over the loop, TFLOPS, TFLOPS per watt (= 2 m n k per
+  joule / 1e12), and the SM clock (NVML, sampled every 20 ms while the loop
+  runs, median).
+
+Every library's output is checked against the float64 reference first.  A
+device without NVML's energy counter (or without ``cuda.bindings.nvml``)
+gets times only.  DeepGEMM (``--deepgemm``) needs its tree on PYTHONPATH
+(``../shared/anchors/README.md``).  Reports; never asserts.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(_HERE))
+sys.path.insert(1, str(_HERE.parent))
+
+import common  # noqa: E402
+from cugemm8._shapes import DEEPSEEK_NK  # noqa: E402
+from cugemm8.cli import Shape, bf16_to_f64, calc_diff, make_operands, poisoned_out, print_table, reference  # noqa: E402
+
+CHECK_LIMIT = 1e-3
+
+
+class Nvml:
+    """The current CUDA device's NVML handle (matched by PCI bus id), or a
+    reason why there is none."""
+
+    def __init__(self, cp):
+        self.handle, self.reason = None, None
+        try:
+            from cuda.bindings import nvml
+            nvml.init_v2()
+            self.nvml = nvml
+            self.handle = nvml.device_get_handle_by_pci_bus_id_v2(cp.cuda.Device().pci_bus_id)
+            self.energy_mj()
+        except Exception as exc:         # no NVML, or no energy counter on this device
+            self.handle, self.reason = None, f"{type(exc).__name__}: {exc}"
+
+    def energy_mj(self) -> int:
+        return self.nvml.device_get_total_energy_consumption(self.handle)
+
+    def sm_mhz(self) -> int:
+        return self.nvml.device_get_clock_info(self.handle, self.nvml.ClockType.CLOCK_SM)
+
+
+def sustained(cp, fn, seconds: float, nv: Nvml) -> dict:
+    """Run ``fn`` back to back for about ``seconds``: µs per call, J per call,
+    mean W and the median SM clock sampled while it runs."""
+    fn()
+    cp.cuda.runtime.deviceSynchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        fn()
+    cp.cuda.runtime.deviceSynchronize()
+    per = max((time.perf_counter() - t0) / 10, 1e-6)
+    n = max(20, int(seconds / per))
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    cp.cuda.runtime.deviceSynchronize()
+    e0 = nv.energy_mj() if nv.handle else None
+    start.record()
+    for _ in range(n):
+        fn()
+    stop.record()
+    clocks = []
+    while not stop.done:
+        if nv.handle:
+            clocks.append(nv.sm_mhz())
+        time.sleep(0.02)
+    stop.synchronize()
+    e1 = nv.energy_mj() if nv.handle else None
+    ms = cp.cuda.get_elapsed_time(start, stop)
+    out = {"calls": n, "us": ms * 1e3 / n}
+    if e0 is not None:
+        joules = (e1 - e0) / 1e3
+        out.update(j=joules / n, watts=joules / (ms / 1e3), mhz=statistics.median(clocks) if clocks else None)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ms", default="4096", help="M values")
+    p.add_argument("--seconds", type=float, default=1.0, help="length of each sustained loop")
+    p.add_argument("--rounds", type=int, default=2, help="alternations of the libraries per shape")
+    p.add_argument("--deepgemm", action="store_true", help="time DeepGEMM's fp8_gemm_nt beside")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    from cugemm8 import _device
+    reason = _device.gpu_unavailable_reason()
+    if reason is not None:
+        print(f"no usable Hopper GPU ({reason}): nothing to time")
+        return 2
+    import cupy as cp
+    import cugemm8
+    nv = Nvml(cp)
+    if nv.handle is None:
+        print(f"no NVML energy counter ({nv.reason}): times only")
+    dg = None
+    if args.deepgemm:
+        import deepgemm_anchor
+        if deepgemm_anchor.load()[0] is None:
+            print(deepgemm_anchor.load()[1])
+        else:
+            dg = deepgemm_anchor
+    records, rows = [], []
+    for m in (int(x) for x in args.ms.split(",") if x):
+        for n, k in DEEPSEEK_NK[:6]:
+            shape = Shape("normal", m, n, k)
+            ops = make_operands(shape, cp, seed=m + n + k)
+            ref, _ = reference(ops, shape, cp)
+            sfa = cugemm8.get_col_major_tma_aligned_tensor(ops["sfa"])
+            out = poisoned_out(shape, ops, cp)
+            libs, status = {}, {}
+
+            def ours(out=out, ops=ops, sfa=sfa):
+                cugemm8.gemm_fp8_fp8_bf16_nt((ops["a"], sfa), (ops["b"], ops["sfb"]), out)
+            ours()
+            cp.cuda.runtime.deviceSynchronize()
+            d = calc_diff(bf16_to_f64(out, cp), ref, cp)
+            status["cugemm8"] = "ok" if d < CHECK_LIMIT else f"FAIL {d:.1e}"
+            if d < CHECK_LIMIT:
+                libs["cugemm8"] = ours
+            if dg is not None:
+                try:
+                    run = dg.gemm_nt(ops["a"], sfa, ops["b"], ops["sfb"])
+                    run()
+                    cp.cuda.runtime.deviceSynchronize()
+                    d = calc_diff(common.torch_to_f64(run.out, m), ref, cp)
+                    status["deepgemm"] = "ok" if d < CHECK_LIMIT else f"FAIL {d:.1e}"
+                    if d < CHECK_LIMIT:
+                        libs["deepgemm"] = run
+                except Exception as exc:
+                    status["deepgemm"] = f"error {type(exc).__name__}: {exc}"[:80]
+            del ref
+            runs = {name: [] for name in libs}
+            for _ in range(args.rounds):
+                for name, fn in libs.items():
+                    runs[name].append(sustained(cp, fn, args.seconds, nv))
+            flops = 2 * m * n * k
+            med = {}
+            for name, rs in runs.items():
+                med[name] = {key: statistics.median(r[key] for r in rs)
+                             for key in rs[0] if all(r.get(key) is not None for r in rs)}
+            records.append({"m": m, "n": n, "k": k, "config": str(cugemm8.get_gemm_config("normal", m, n, k)),
+                            "status": status, "median": med, "runs": runs})
+            for name, r in med.items():
+                tf = flops / r["us"] / 1e6
+                rows.append((f"{m}x{n}x{k}", name, f"{r['us']:.1f}", f"{tf:.0f}",
+                             f"{r['j'] * 1e3:.2f}" if "j" in r else "-",
+                             f"{r['watts']:.0f}" if "watts" in r else "-",
+                             f"{flops / r['j'] / 1e12:.2f}" if "j" in r else "-",
+                             f"{r['mhz']:.0f}" if r.get("mhz") else "-",
+                             _ratio(med, name, "us"), _ratio(med, name, "j")))
+            common.release_memory()
+    print_table(f"sustained loops of {args.seconds:g} s, {args.rounds} alternating rounds (medians)",
+                ("shape", "library", "µs", "TFLOPS", "mJ / GEMM", "W", "TFLOPS / W", "SM MHz",
+                 "time xDG", "energy xDG"), rows)
+    for key, label in (("us", "time"), ("j", "energy")):
+        x = [r["median"]["deepgemm"][key] / r["median"]["cugemm8"][key] for r in records
+             if key in r["median"].get("deepgemm", {}) and key in r["median"].get("cugemm8", {})]
+        if x:
+            print(f"geomean DeepGEMM / cugemm8 {label}: {common.geomean(x):.3f} over {len(x)} "
+                  f"(min {min(x):.3f}; > 1: cugemm8 {'faster' if key == 'us' else 'spends less'})")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"seconds": args.seconds, "rounds": args.rounds,
+                                               "nvml": nv.reason or "ok", "records": records}, indent=1))
+    return 0
+
+
+def _ratio(med: dict, name: str, key: str) -> str:
+    """DeepGEMM's figure over cugemm8's, on cugemm8's row (> 1: cugemm8 ahead)."""
+    if name != "cugemm8" or key not in med.get("deepgemm", {}) or key not in med["cugemm8"]:
+        return ""
+    return f"{med['deepgemm'][key] / med['cugemm8'][key]:.3f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -55,8 +55,8 @@ KINDS = ("normal", "contiguous", "masked")
 #: ``wgrad`` (``cugemm8.fp8_gemm_nt`` with an FP32 ``d``: D ``[m, n]`` over K
 #: = ``k`` tokens) and ``k_grouped`` (``k_grouped_fp8_gemm_nt_contiguous``:
 #: ``num_groups`` outputs ``[m, n]``, ``k`` the total tokens, a multiple of
-#: 128).  Shapes files, ``cugemm8 warmup`` and ``cugemm8 configs`` take them;
-#: ``cugemm8 tune`` and ``check`` cover :data:`KINDS` only.
+#: 128).  Shapes files, ``cugemm8 warmup``, ``configs`` and ``check`` take
+#: them; ``cugemm8 tune`` covers :data:`KINDS` only.
 KINDS_1D1D = ("wgrad", "k_grouped")
 ALL_KINDS = KINDS + KINDS_1D1D
 
@@ -82,14 +82,24 @@ class Shape:
         return dims if self.kind in ("normal", "wgrad") else f"{self.num_groups}x{dims}"
 
 
+#: Tokens of ``cugemm8 check``'s weight-gradient shapes.
+CHECK_TOKENS = 4096
+
+
 def check_shapes(quick: bool = False) -> list[Shape]:
-    """The shapes ``cugemm8 check`` runs (``quick``: a handful)."""
+    """The shapes ``cugemm8 check`` runs (``quick``: a handful): the normal
+    GEMMs, one contiguous and one masked grouped shape, and the training
+    GEMMs (``wgrad`` of the six DeepSeek-V3 layers at :data:`CHECK_TOKENS`
+    tokens, one ``k_grouped`` MoE weight gradient)."""
     if quick:
         normal = [Shape("normal", m, n, k) for m, n, k in
                   ((1, 2112, 7168), (64, 7168, 2048), (128, 576, 7168), (4096, 4096, 7168))]
+        training = [Shape("wgrad", 7168, 2048, CHECK_TOKENS), Shape("k_grouped", 2048, 1024, 4 * 1024, 4)]
     else:
         normal = [Shape("normal", m, n, k) for m in CHECK_MS for n, k in DEEPSEEK_NK]
-    return normal + [Shape("contiguous", 1024, 4096, 7168, 4), Shape("masked", 256, 7168, 2048, 4)]
+        training = ([Shape("wgrad", n, k, CHECK_TOKENS) for n, k in DEEPSEEK_NK[:6]]
+                    + [Shape("k_grouped", 4096, 7168, 4 * 2048, 4)])
+    return normal + [Shape("contiguous", 1024, 4096, 7168, 4), Shape("masked", 256, 7168, 2048, 4)] + training
 
 
 def contiguous_m_sums(m: int, num_groups: int) -> list[int]:
@@ -126,8 +136,8 @@ def preset_shapes(name: str) -> list[Shape]:
     """The shapes of a preset (warmup semantics: contiguous ``m`` = m_sum):
 
     * ``@check`` / ``@check-quick``: those ``cugemm8 check`` (``--quick``)
-      runs: its normal and masked shapes, and every m_sum its contiguous
-      shape can reach;
+      runs: its normal, masked and training shapes, and every m_sum its
+      contiguous shape can reach;
     * ``@normal``: the 18 normal shapes of the benchmark table (M = 64, 128,
       4096 on the six DeepSeek-V3 (N, K) pairs of ``DEEPSEEK_NK[:6]``);
     * ``@decode``: the 48 decode shapes (M = 1 ... 128, powers of two, on the

@@ -302,7 +302,44 @@ def test_metrics_helpers():
     assert vals[0] == 1.0 and vals[1] == -2.0 and np.isnan(vals[2])
     # A + B + D + SFA + SFB for 64 x 2112 x 7168
     assert cli.gemm_bytes(64, 2112, 7168) == 64 * 7168 + 2112 * 7168 + 64 * 2112 * 2 + 64 * 56 * 4 + 17 * 56 * 4
-    assert len(cli.check_shapes()) == 4 * 7 + 2 and len(cli.check_shapes(quick=True)) < 10
+    assert len(cli.check_shapes()) == 4 * 7 + 2 + 6 + 1 and len(cli.check_shapes(quick=True)) < 10
+    assert {s.kind for s in cli.check_shapes(quick=True)} == {"normal", "contiguous", "masked", "wgrad", "k_grouped"}
+    # the training GEMMs: A + B (FP8) + FP32 D per group + 1x128 scales on both
+    assert cli.gemm_bytes_1d1d(2112, 7168, 4096) == (2112 + 7168) * 4096 + 2112 * 7168 * 4 + (2112 + 7168) * 32 * 4
+
+
+@pytest.mark.parametrize("shape", [cli.Shape("wgrad", 40, 72, 384), cli.Shape("wgrad", 3, 8, 1040)])
+def test_training_operands_and_reference(shape):
+    """The 1D1D kinds: 1x128 scales along K on both operands; the reference
+    is cugemm8.reference.training's, and its bound admits the promoted
+    kernel model (FP32 out)."""
+    ops = cli.make_operands(shape, np, seed=6, vary=True)
+    m, n, k = shape.m, shape.n, shape.k
+    assert ops["a"].shape == (m, k) and ops["b"].shape == (n, k)
+    assert ops["sfa"].shape == (m, -(-k // 128)) and ops["sfb"].shape == (n, -(-k // 128))
+    from cugemm8.reference import training as RT
+    want = RT.ref_gemm_1d1d(ops["a"], ops["sfa"], ops["b"], ops["sfb"])
+    ref, _ = cli.reference(ops, shape, np)
+    np.testing.assert_allclose(ref, want, rtol=1e-12, atol=0)
+    ref, bound = cli.reference(ops, shape, np, bound=True)
+    np.testing.assert_allclose(ref, want, rtol=1e-9, atol=1e-12 * np.abs(want).max())
+    model = RT.promoted_accumulation_model_1d1d(ops["a"], ops["sfa"], ops["b"], ops["sfb"], tensor_core="hopper")
+    assert np.all(np.abs(model.astype(np.float64) - ref) <= bound)
+    assert np.all(bound <= RT.error_bound_1d1d(ops["a"], ops["sfa"], ops["b"], ops["sfb"]) * 1.5 + 2.0 ** -140)
+
+
+def test_k_grouped_operands_and_reference():
+    shape = cli.Shape("k_grouped", 30, 64, 128 * 12, 4)
+    ops = cli.make_operands(shape, np, seed=7, vary=True)
+    ks = ops["ks"]
+    assert len(ks) == 4 and sum(ks) == shape.k and all(v % 128 == 0 for v in ks) and ks[1] == 0
+    assert ops["ks_tensor"].tolist() == ks
+    from cugemm8.reference import training as RT
+    ref, bound = cli.reference(ops, shape, np, bound=True)
+    want = RT.ref_k_grouped_gemm(ops["a"], ops["sfa"], ops["b"], ops["sfb"], ks)
+    np.testing.assert_allclose(ref, want, rtol=1e-9, atol=1e-12 * np.abs(want).max())
+    assert np.all(ref[1] == 0) and np.all(bound[1] == 0)
+    assert cli.valid_rows(shape, ops) == 30
 
 
 # ----------------------------------------------------------------------------

@@ -252,6 +252,23 @@ def _group_sizes(xp, rs, m: int, g: int, vary: bool) -> list[int]:
     return [max(1, int(round(float(v) * m))) for v in (f.get() if hasattr(f, "get") else f)]
 
 
+def _k_group_sizes(rs, k: int, g: int, vary: bool) -> list[int]:
+    """Tokens per group of a ``k_grouped`` shape: multiples of 128 summing
+    to ``k``; with ``vary`` drawn in [0.7, 1.3] * k / g (DeepGEMM's
+    enumerate_k_grouped_contiguous spread) with group 1 empty when g >= 3."""
+    blocks = k // BLOCK
+    if not vary:
+        base = [blocks // g] * g
+    else:
+        f = rs.uniform(*GROUP_SIZE_SPREAD, size=g)
+        w = [float(v) for v in (f.get() if hasattr(f, "get") else f)]
+        if g >= 3:
+            w[1] = 0.0
+        base = [int(blocks * v / sum(w)) for v in w]
+    base[-1] += blocks - sum(base)
+    return [b * BLOCK for b in base]
+
+
 def make_operands(shape: Shape, xp, *, seed: int = 0, vary: bool = False) -> dict:
     """Random operands for ``shape`` on ``xp`` (NumPy or CuPy).
 
@@ -261,6 +278,11 @@ def make_operands(shape: Shape, xp, *, seed: int = 0, vary: bool = False) -> dic
     with ``vary`` the group sizes are drawn in [0.7, 1.3] * m (padding rows
     then exist), else every group has exactly m rows.  ``masked``:
     ``masked_m`` (int32 [g]; random in [1, m] with ``vary``, else m).
+    The training kinds (1x128 scales along K on both operands): ``wgrad``
+    (A ``[m, k]``, B ``[n, k]``); ``k_grouped`` (A ``[m, k]``, B ``[n, k]``
+    over the groups' consecutive token runs, ``ks`` (host list, multiples of
+    128 summing to k; with ``vary`` drawn in [0.7, 1.3] * k / g, one group
+    empty when g >= 3) and ``ks_tensor`` (int32)).
     The output is not allocated here (see :func:`poisoned_out`).
     """
     import numpy as np
@@ -284,6 +306,15 @@ def make_operands(shape: Shape, xp, *, seed: int = 0, vary: bool = False) -> dic
                    valid=xp.asarray(m_indices >= 0))
         ops["a"], ops["sfa"] = random_quantized(xp, rs, (), total, k, 1)
         ops["b"], ops["sfb"] = random_quantized(xp, rs, (g,), n, k, BLOCK)
+    elif kind == "wgrad":
+        ops["a"], ops["sfa"] = random_quantized(xp, rs, (), m, k, 1)
+        ops["b"], ops["sfb"] = random_quantized(xp, rs, (), n, k, 1)
+        ops["valid"] = xp.ones(m, dtype=bool)
+    elif kind == "k_grouped":
+        ks = _k_group_sizes(rs, k, g, vary)
+        ops.update(ks=ks, ks_tensor=xp.asarray(np.asarray(ks, np.int32)), valid=xp.ones((g, m), dtype=bool))
+        ops["a"], ops["sfa"] = random_quantized(xp, rs, (), m, k, 1)
+        ops["b"], ops["sfb"] = random_quantized(xp, rs, (), n, k, 1)
     elif kind == "masked":
         host = (np.asarray(rs.randint(1, m + 1, size=g).tolist(), dtype=np.int32) if vary
                 else np.full(g, m, dtype=np.int32))
@@ -315,14 +346,17 @@ TC_MANTISSA_BITS = 13
 MMA_K = 32
 
 
-def _ref_and_bound_rows(a, sfa, b, sfb, xp):
+def _ref_and_bound_rows(a, sfa, b, sfb, xp, *, b_block_rows: int = BLOCK, bf16_out: bool = True):
     """(ref, bound) for rows of A against one B, both float64 [rows, n].
 
     ``ref`` is the float64 product of the dequantised operands.  ``bound`` is
     :func:`cugemm8.reference.error_bound` (the per-32-K-step tensor-core
     truncation grid, FP32 promotion per 128 K, BF16 rounding) evaluated on
     ``xp``, so large shapes stay fast on the GPU; overflow cases (never in
-    this module's data) are not special-cased.
+    this module's data) are not special-cased.  The 1D1D GEMMs
+    (``b_block_rows = 1``: a B scale per row; ``bf16_out = False``: FP32
+    out, no final rounding) follow
+    :func:`cugemm8.reference.training.error_bound_1d1d` the same way.
     """
     m, k = a.shape
     n = b.shape[0]
@@ -330,7 +364,7 @@ def _ref_and_bound_rows(a, sfa, b, sfb, xp):
     u_tc, fp32_u, fp32_eta = 2.0 ** -TC_MANTISSA_BITS, 2.0 ** -24, 2.0 ** -150
     table = xp.asarray(e4m3_values().astype("float64"))
     sa = sfa.astype(xp.float64)
-    sb_rows = xp.repeat(sfb.astype(xp.float64), BLOCK, axis=0)[:n]        # [n, kb]
+    sb_rows = xp.repeat(sfb.astype(xp.float64), b_block_rows, axis=0)[:n]   # [n, kb]
     ref, sum_s_tc, sum_lin, q_sum = (xp.zeros((m, n)) for _ in range(4))
     for j in range(kb):
         lo, hi = j * BLOCK, min(k, (j + 1) * BLOCK)
@@ -355,6 +389,8 @@ def _ref_and_bound_rows(a, sfa, b, sfb, xp):
         ref += w * p_cum
     nu = kb * fp32_u
     e32 = sum_s_tc + sum_lin + nu / (1 - nu) * q_sum + kb * fp32_eta
+    if not bf16_out:
+        return ref, e32 + fp32_eta
     return ref, e32 + 2.0 ** -8 * (xp.abs(ref) + e32) + 2.0 ** -134
 
 
@@ -370,8 +406,27 @@ def reference(ops: dict, shape: Shape, xp, *, bound: bool = False):
     """(ref, bound): the float64 reference like D and, with ``bound``, the
     per-element error bound of a correct kernel (else None).  Rows outside
     ``ops['valid']`` are 0 in both."""
-    rows_fn = _ref_and_bound_rows if bound else (lambda *args: (_ref_rows(*args), None))
     a, sfa, b, sfb = ops["a"], ops["sfa"], ops["b"], ops["sfb"]
+    if shape.kind in ("wgrad", "k_grouped"):
+        def rows_1d1d(a, sfa, b, sfb):
+            if bound:
+                return _ref_and_bound_rows(a, sfa, b, sfb, xp, b_block_rows=1, bf16_out=False)
+            return matmul_nt(dequantize(a, sfa, 1, xp), dequantize(b, sfb, 1, xp), xp), None
+        if shape.kind == "wgrad":
+            return rows_1d1d(a, sfa, b, sfb)
+        ref = xp.zeros((shape.num_groups, a.shape[0], shape.n), dtype=xp.float64)
+        bnd = xp.zeros(ref.shape, dtype=xp.float64) if bound else None
+        off = 0
+        for e, ke in enumerate(ops["ks"]):
+            if ke:
+                sl, kb = slice(off, off + ke), slice(off // BLOCK, (off + ke) // BLOCK)
+                r, bd = rows_1d1d(a[:, sl], sfa[:, kb], b[:, sl], sfb[:, kb])
+                ref[e] = r
+                if bound:
+                    bnd[e] = bd
+            off += ke
+        return ref, bnd
+    rows_fn = _ref_and_bound_rows if bound else (lambda *args: (_ref_rows(*args), None))
     if shape.kind == "normal":
         return rows_fn(a, sfa, b, sfb, xp)
     ref = xp.zeros(a.shape[:-1] + (shape.n,), dtype=xp.float64)
@@ -403,6 +458,13 @@ def gemm_flops(kind: str, rows: int, n: int, k: int) -> float:
     return 2.0 * rows * n * k
 
 
+def gemm_bytes_1d1d(m: int, n: int, k: int, num_groups: int = 1) -> int:
+    """Bytes a 1D1D GEMM must move: A + B + D (FP32, one [m, n] per group)
+    + SFA + SFB (1x128 along K on both)."""
+    kb = _ceil_div(k, BLOCK)
+    return (m + n) * k + num_groups * m * n * 4 + (m + n) * kb * 4
+
+
 def gemm_bytes(rows: int, n: int, k: int, num_b: int = 1) -> int:
     """Bytes a GEMM must move: A + B + D (bf16) + SFA + SFB.
 
@@ -426,7 +488,12 @@ def valid_rows(shape: Shape, ops: dict) -> int:
 # ----------------------------------------------------------------------------
 
 def poisoned_out(shape: Shape, ops: dict, cp):
-    """A bfloat16 output for ``shape`` filled with a NaN pattern."""
+    """A bfloat16 output for ``shape`` filled with a NaN pattern (float32
+    NaN for the training kinds)."""
+    if shape.kind == "wgrad":
+        return cp.full((shape.m, shape.n), cp.nan, dtype=cp.float32)
+    if shape.kind == "k_grouped":
+        return cp.full((shape.num_groups, shape.m, shape.n), cp.nan, dtype=cp.float32)
     rows = ops["a"].shape[:-1]
     return cp.full(rows + (shape.n,), POISON_BITS, dtype=cp.uint16).view(cp.dtype("bfloat16"))
 
@@ -439,6 +506,12 @@ def gemm_call(shape: Shape, ops: dict, out):
     """
     import cugemm8
     sfa = cugemm8.get_col_major_tma_aligned_tensor(ops["sfa"])
+    if shape.kind in ("wgrad", "k_grouped"):        # both operands' scales MN-major, once
+        lhs, rhs = (ops["a"], sfa), (ops["b"], cugemm8.get_col_major_tma_aligned_tensor(ops["sfb"]))
+        if shape.kind == "wgrad":
+            return lambda: cugemm8.fp8_gemm_nt(lhs, rhs, out)
+        ks, ks_tensor = ops["ks"], ops["ks_tensor"]
+        return lambda: cugemm8.k_grouped_fp8_gemm_nt_contiguous(lhs, rhs, out, ks, ks_tensor)
     lhs, rhs = (ops["a"], sfa), (ops["b"], ops["sfb"])
     if shape.kind == "normal":
         return lambda: cugemm8.gemm_fp8_fp8_bf16_nt(lhs, rhs, out)
@@ -454,6 +527,8 @@ def config_string(shape: Shape, ops: dict | None = None) -> str:
     try:
         import cugemm8
         m = shape.m
+        if shape.kind in ("wgrad", "k_grouped"):
+            return "1d1d " + str(cugemm8.get_gemm_1d1d_config(m, shape.n, shape.k, num_groups=shape.num_groups))
         if shape.kind == "contiguous":
             m = ops["a"].shape[0] if ops is not None else shape.m * shape.num_groups
         return str(cugemm8.get_gemm_config(shape.kind, m, shape.n, shape.k, shape.num_groups))

@@ -1,8 +1,9 @@
 """``cugemm8 check`` (the default command, the main job): every DeepSeek-V3
-normal-GEMM shape (M in 1, 64, 128, 4096) plus one contiguous and one masked
-grouped shape on random data, each result checked against a float64
-reference of the dequantised operands with a per-element error bound, then
-timed.  Prints a table; exits 1 if any shape fails, 2 when no Hopper GPU is
+normal-GEMM shape (M in 1, 64, 128, 4096), one contiguous and one masked
+grouped shape, and the training GEMMs (the six weight gradients at 4096
+tokens and one k-grouped MoE weight gradient, FP32 out) on random data, each
+result checked against a float64 reference of the dequantised operands with
+a per-element error bound, then timed.  Prints a table; exits 1 if any shape fails, 2 when no Hopper GPU is
 usable."""
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from pathlib import Path
 from .._shapes import Shape, check_shapes
 from ._common import _fmt, _one_line, _progress, gpu_reason, print_table
 from ._data import (DIFF_LIMIT, POISON_BITS, bf16_to_f64, calc_diff, config_string, gemm_bytes,
-                    gemm_call, gemm_flops, make_l2_flush, make_operands, poisoned_out, reference,
-                    time_us, valid_rows)
+                    gemm_bytes_1d1d, gemm_call, gemm_flops, make_l2_flush, make_operands, poisoned_out,
+                    reference, time_us, valid_rows)
 
 
 @dataclasses.dataclass
@@ -35,7 +36,7 @@ class CheckResult:
 def _check_values(shape: Shape, ops: dict, out, cp, res: CheckResult) -> None:
     """Fill ``res.diff``, ``res.max_err``, ``res.passed``, ``res.note``."""
     ref, bound = reference(ops, shape, cp, bound=True)
-    got = bf16_to_f64(out, cp)
+    got = out.astype(cp.float64) if out.dtype == cp.float32 else bf16_to_f64(out, cp)
     valid = ops["valid"]
     err = cp.abs(got - ref) / bound
     res.diff = calc_diff(got[valid], ref[valid], cp)
@@ -72,7 +73,9 @@ def check_one(shape: Shape, *, seed: int, reps: int, flush=None) -> CheckResult:
         rows = valid_rows(shape, ops)
         num_b = shape.num_groups
         res.tflops = gemm_flops(shape.kind, rows, shape.n, shape.k) / res.us / 1e6
-        res.gbps = gemm_bytes(rows, shape.n, shape.k, num_b) / res.us / 1e3
+        nbytes = (gemm_bytes_1d1d(shape.m, shape.n, shape.k, shape.num_groups) if shape.kind in ("wgrad", "k_grouped")
+                  else gemm_bytes(rows, shape.n, shape.k, num_b))
+        res.gbps = nbytes / res.us / 1e3
     except Exception as exc:
         res.passed = False
         res.note = _one_line(f"{type(exc).__name__}: {exc}")[:300]

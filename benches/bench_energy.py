@@ -1,6 +1,7 @@
 """Energy per GEMM under sustained load, beside DeepGEMM (issue 20; one GPU call).
 
-    python benches/bench_energy.py [--ms 4096] [--seconds 1.0] [--rounds 2] [--deepgemm] [--json OUT]
+    python benches/bench_energy.py [--ms 4096] [--seconds 1.0] [--rounds 2] [--deepgemm]
+                                   [--configs "256x128 s3 c2,..."] [--json OUT]
 
 At M = 4096 both libraries run against the H200's power cap, so the clock a
 kernel is allowed and the joules it spends per GEMM decide its speed more
@@ -18,6 +19,10 @@ reports per library the median over rounds of
   joule / 1e12), and the SM clock (NVML, sampled every 20 ms while the loop
   runs, median).
 
+``--configs`` adds forced cugemm8 configurations ('BMxBN sS [w1] [c2|c2B|k2]',
+``c2`` multicasting A; each with the largest legal grid, skipped where
+illegal) as further entries of the alternation, e.g. to decide a multicast
+on energy and sustained time rather than on one cold-L2 reading.
 Every library's output is checked against the float64 reference first.  A
 device without NVML's energy counter (or without ``cuda.bindings.nvml``)
 gets times only.  DeepGEMM (``--deepgemm``) needs its tree on PYTHONPATH
@@ -104,6 +109,7 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=1.0, help="length of each sustained loop")
     p.add_argument("--rounds", type=int, default=2, help="alternations of the libraries per shape")
     p.add_argument("--deepgemm", action="store_true", help="time DeepGEMM's fp8_gemm_nt beside")
+    p.add_argument("--configs", default="", help="forced cugemm8 configs to run too, comma-separated")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     from cugemm8 import _device
@@ -113,6 +119,8 @@ def main(argv=None) -> int:
         return 2
     import cupy as cp
     import cugemm8
+    import sweep_configs
+    from cugemm8 import gemm as G
     nv = Nvml(cp)
     if nv.handle is None:
         print(f"no NVML energy counter ({nv.reason}): times only")
@@ -141,6 +149,20 @@ def main(argv=None) -> int:
             status["cugemm8"] = "ok" if d < CHECK_LIMIT else f"FAIL {d:.1e}"
             if d < CHECK_LIMIT:
                 libs["cugemm8"] = ours
+            for text in (t.strip() for t in args.configs.split(",") if t.strip()):
+                cfg = sweep_configs.parse_config(text, shape, cugemm8.get_num_sms())
+                if cfg is None:
+                    status[text] = "not legal"
+                    continue
+                o = poisoned_out(shape, ops, cp)
+                launch = G._prepare_launch(cfg, "normal", n, k, 1, m, m, ops["a"], sfa, ops["b"], ops["sfb"], o,
+                                           None, 1)
+                launch()
+                cp.cuda.runtime.deviceSynchronize()
+                d = calc_diff(bf16_to_f64(o, cp), ref, cp)
+                status[str(cfg)] = "ok" if d < CHECK_LIMIT else f"FAIL {d:.1e}"
+                if d < CHECK_LIMIT:
+                    libs[f"cugemm8 {cfg}"] = launch
             if dg is not None:
                 try:
                     run = dg.gemm_nt(ops["a"], sfa, ops["b"], ops["sfb"])
@@ -166,7 +188,8 @@ def main(argv=None) -> int:
                             "status": status, "median": med, "runs": runs})
             for name, r in med.items():
                 tf = flops / r["us"] / 1e6
-                rows.append((f"{m}x{n}x{k}", name, f"{r['us']:.1f}", f"{tf:.0f}",
+                rows.append((f"{m}x{n}x{k}", name if name != "cugemm8" else f"cugemm8 ({records[-1]['config']})",
+                             f"{r['us']:.1f}", f"{tf:.0f}",
                              f"{r['j'] * 1e3:.2f}" if "j" in r else "-",
                              f"{r['watts']:.0f}" if "watts" in r else "-",
                              f"{flops / r['j'] / 1e12:.2f}" if "j" in r else "-",
@@ -189,10 +212,10 @@ def main(argv=None) -> int:
 
 
 def _ratio(med: dict, name: str, key: str) -> str:
-    """DeepGEMM's figure over cugemm8's, on cugemm8's row (> 1: cugemm8 ahead)."""
-    if name != "cugemm8" or key not in med.get("deepgemm", {}) or key not in med["cugemm8"]:
+    """DeepGEMM's figure over this cugemm8 entry's (> 1: cugemm8 ahead)."""
+    if not name.startswith("cugemm8") or key not in med.get("deepgemm", {}) or key not in med[name]:
         return ""
-    return f"{med['deepgemm'][key] / med['cugemm8'][key]:.3f}"
+    return f"{med['deepgemm'][key] / med[name][key]:.3f}"
 
 
 if __name__ == "__main__":

@@ -578,3 +578,28 @@ def test_warmup_compile_only_training_shape(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert len(list((tmp_path / "cache" / "cugemm8").glob("*.cubin"))) >= 1
+
+
+def test_check_values_on_an_empty_k_group():
+    """An empty expert's D is 0 with a bound of 0: exact zeros pass (no 0 / 0),
+    anything else there fails."""
+    shape = cli.Shape("k_grouped", 30, 64, 128 * 12, 4)
+    ops = cli.make_operands(shape, np, seed=7, vary=True)
+    from cugemm8.reference import training as RT
+    out = np.stack([RT.promoted_accumulation_model_1d1d(ops["a"][:, sl], ops["sfa"][:, kb], ops["b"][:, sl],
+                                                        ops["sfb"][:, kb], tensor_core="hopper")
+                    if ke else np.zeros((30, 64), np.float32)
+                    for sl, kb, ke in _group_slices(ops["ks"])])
+    res = cli.CheckResult(shape)
+    cli._check_values(shape, ops, out, np, res)
+    assert res.passed and res.max_err <= 1.0, res
+    out[1, 3, 5] = 1e-30
+    cli._check_values(shape, ops, out, np, res)
+    assert not res.passed and res.max_err > 1e300
+
+
+def _group_slices(ks):
+    off = 0
+    for ke in ks:
+        yield slice(off, off + ke), slice(off // 128, (off + ke) // 128), ke
+        off += ke

@@ -107,21 +107,38 @@ def all_kernel_names() -> list:
 class TransposeConfig(NamedTuple):
     """One build and launch of ``cast_transpose_kernel``: tiles of 128 rows x
     ``tile_cols`` columns, a ring of ``stages`` tiles in shared memory per
-    CTA, registers capped for ``ctas_per_sm`` CTAs of 256 threads per SM;
-    ``persistent``: a grid of ``ctas_per_sm`` CTAs per SM looping over the
-    tiles (else one CTA per tile)."""
+    CTA, registers capped for ``ctas_per_sm`` CTAs of 256 threads per SM.
+    ``grid`` (the launch only; CTA ``i`` takes tiles ``i``, ``i + grid``,
+    ...):
+
+    * ``"balanced"``: as many rounds of tiles as ``"full"`` needs, over the
+      fewest CTAs that keep them (every CTA then takes the same number of
+      tiles, give or take one, so no round ends with a few CTAs alone);
+    * ``"full"``: ``ctas_per_sm`` CTAs per SM (the SM budget of
+      :func:`cugemm8.get_num_sms`), at most one per tile;
+    * ``"tiles"``: one CTA per tile.
+    """
     tile_cols: int
     stages: int
     ctas_per_sm: int
-    persistent: bool = True
+    grid: str = "balanced"
 
     def smem_bytes(self, itemsize: int) -> int:
         """Dynamic shared memory of one CTA: the ring of tiles."""
         return self.stages * _GROUP * self.tile_cols * itemsize
 
     def label(self) -> str:
-        return (f"{self.tile_cols}c s{self.stages} x{self.ctas_per_sm}"
-                + ("" if self.persistent else " grid=tiles"))
+        return f"{self.tile_cols}c s{self.stages} x{self.ctas_per_sm} {self.grid}"
+
+    def grid_size(self, tiles: int, num_sms: int) -> int:
+        """CTAs of the launch for ``tiles`` tiles on ``num_sms`` SMs."""
+        if self.grid == "tiles":
+            return tiles
+        full = min(tiles, self.ctas_per_sm * num_sms)
+        if self.grid == "full":
+            return full
+        rounds = -(-tiles // full)
+        return -(-tiles // rounds)
 
 
 #: The configurations of each (kind, 4-byte input): the first is the one the
@@ -140,6 +157,7 @@ _TRANSPOSE_CONFIGS = {
     ("transpose_block", True): (TransposeConfig(128, 1, 3),),
 }
 
+_GRIDS = ("balanced", "full", "tiles")
 _SMEM_PER_SM = 228 * 1024           # sm_90
 _SMEM_RESERVED_PER_CTA = 1024
 _TRANSPOSE_STATIC_SMEM = 128      # the kernel's warp maxima (64 B), padded so the ring is 128-byte aligned
@@ -147,7 +165,7 @@ _TRANSPOSE_STATIC_SMEM = 128      # the kernel's warp maxima (64 B), padded so t
 
 def transpose_configs(kind: str, dtype_name: str) -> tuple:
     """The :class:`TransposeConfig` s built for one transposing kind and input
-    dtype, the default first (each also as ``persistent=False``)."""
+    dtype, the default first (any ``grid`` launches each)."""
     if kind not in ("transpose_column", "transpose_block"):
         raise ValueError(f"kind must be 'transpose_column' or 'transpose_block', got {kind!r}")
     if dtype_name not in _IN_DTYPES:
@@ -160,7 +178,9 @@ def _transpose_config(kind: str, dtype_name: str, config) -> TransposeConfig:
     if config is None:
         return built[0]
     cfg = TransposeConfig(*config)
-    if cfg._replace(persistent=True) not in built:
+    if cfg.grid not in _GRIDS:
+        raise ValueError(f"config grid must be one of {', '.join(map(repr, _GRIDS))}, got {cfg.grid!r}")
+    if cfg._replace(grid="balanced") not in built:
         raise ValueError(f"{kind} {dtype_name}: config {tuple(config)} is not one of the built "
                          f"configurations {[tuple(c[:3]) for c in built]}")
     return cfg
@@ -520,7 +540,7 @@ def _launch_cast_transpose(xk, out, sf, rows: int, cols: int, min_amax_f32, pow2
         sf_strides = (rb * cols_pad, 1, cols_pad, cols_pad)
     else:                               # (c, r) at c * rb + r (the per-block form ignores these)
         sf_strides = (cols * rb, rb, 1, cols)
-    grid = min(tiles, cfg.ctas_per_sm * _device.get_num_sms()) if cfg.persistent else tiles
+    grid = cfg.grid_size(tiles, _device.get_num_sms())
     args = (x3, out, sf, np.uint32(rows), np.uint32(cols), np.uint32(padded_k(rows)), np.uint32(rb),
             np.uint32(ct), np.uint32(tiles), np.int64(batch_stride), np.int64(row_stride), min_amax_f32,
             np.uint64(sf_strides[0]), np.uint32(sf_strides[1]), np.uint32(sf_strides[2]),

@@ -640,8 +640,9 @@ def _all_configs(itemsize, per_column):
 @pytest.mark.parametrize("per_column,mn_major", [(True, False), (True, True), (False, False)])
 def test_cast_transpose_covers_each_element_and_output_once(rows, cols, itemsize, per_column, mn_major,
                                                             monkeypatch):
-    """Every built configuration, persistent on one SM (several tiles per
-    CTA: the ring wraps) and one CTA per tile: every input word of the
+    """Every built configuration, in each grid form: balanced and full on
+    one SM (several tiles per CTA: the ring wraps) and one CTA per tile:
+    every input word of the
     [rows, cols] region is loaded once (16-byte pieces inside the padded
     row), every payload byte of [cols, r_pad] (padding included) and every
     scale written exactly once, nothing outside (the replay's own checks in
@@ -651,11 +652,11 @@ def test_cast_transpose_covers_each_element_and_output_once(rows, cols, itemsize
     g = 3 if rows * cols > 1000 else 2               # batches: the scale's batch stride too
     rb = -(-rows // 128)
     for cfg in _all_configs(itemsize, per_column):
-        for persistent, num_sms in ((True, 1), (False, 132)):
+        for grid, num_sms in (("balanced", 1), ("full", 1), ("tiles", 132)):
             cap = _launch_capture(monkeypatch, g, rows, cols, itemsize, per_column, mn_major,
-                                  cfg._replace(persistent=persistent), num_sms)
+                                  cfg._replace(grid=grid), num_sms)
             tiles = g * rb * -(-cols // cfg.tile_cols)
-            assert cap["grid"] == ((min(tiles, cfg.ctas_per_sm * num_sms) if persistent else tiles),)
+            assert cap["grid"] == (cfg._replace(grid=grid).grid_size(tiles, num_sms),)
             loaded, out, sf_flat, strides, row_bytes = _replay_cast_transpose(cap, itemsize, per_column)
             assert loaded.max() == 1 and np.all(loaded[..., :-(-row_bytes // 4)] == 1), cfg
             assert np.all(out == 1), cfg
@@ -671,28 +672,40 @@ def test_cast_transpose_covers_each_element_and_output_once(rows, cols, itemsize
 
 
 def test_cast_transpose_launch_geometry(monkeypatch):
-    """The default configurations and the persistent grid: 3 CTAs per SM of
-    two-tile rings (65 KB of shared memory each, 80 registers); the host's
-    shared-memory count of CTAs per SM is the kernel's kSmemCtas; a config
-    that is not built is refused."""
+    """The default configurations and the persistent grid: up to 3 CTAs per
+    SM of two-tile rings (65 KB of shared memory each, 80 registers), as
+    few CTAs as keep the rounds of tiles; the host's shared-memory count of
+    CTAs per SM is the kernel's kSmemCtas; a config that is not built is
+    refused."""
     for dt, item in (("bfloat16", 2), ("float16", 2), ("float32", 4)):
         for kind in ("transpose_column", "transpose_block"):
             cfgs = Q.transpose_configs(kind, dt)
             for cfg in cfgs:
                 assert 1 <= cfg.ctas_per_sm <= Q._transpose_smem_ctas(cfg, item), (kind, dt, cfg)
                 assert cfg.ctas_per_sm * Q._THREADS <= 2048
-    assert Q.transpose_configs("transpose_column", "bfloat16")[0] == (128, 2, 3, True)
-    assert Q.transpose_configs("transpose_column", "float32")[0] == (64, 2, 3, True)
-    assert Q.transpose_configs("transpose_block", "bfloat16")[0] == (128, 2, 3, True)
-    assert Q.transpose_configs("transpose_block", "float32")[0] == (128, 1, 3, True)
+    assert Q.transpose_configs("transpose_column", "bfloat16")[0] == (128, 2, 3, "balanced")
+    assert Q.transpose_configs("transpose_column", "float32")[0] == (64, 2, 3, "balanced")
+    assert Q.transpose_configs("transpose_block", "bfloat16")[0] == (128, 2, 3, "balanced")
+    assert Q.transpose_configs("transpose_block", "float32")[0] == (128, 1, 3, "balanced")
+    cfg = Q.TransposeConfig(128, 2, 3)
+    # [4096, 7168] bf16: 1792 tiles, 5 rounds of <= 396 CTAs -> 359 CTAs of 5 (three of 4);
+    # float32 (64-column tiles): 3584 tiles, 10 rounds -> 359; [4096, 2048]: 512 tiles, 2 rounds -> 256
+    assert [cfg.grid_size(t, 132) for t in (1792, 3584, 512, 396, 397, 5)] == [359, 359, 256, 396, 199, 5]
+    assert cfg._replace(grid="full").grid_size(1792, 132) == 396
+    assert cfg._replace(grid="tiles").grid_size(1792, 132) == 1792
+    for tiles in range(1, 3000, 7):
+        full, bal = cfg._replace(grid="full").grid_size(tiles, 132), cfg.grid_size(tiles, 132)
+        assert bal <= full and -(-tiles // bal) == -(-tiles // full)     # same rounds, fewer CTAs
     assert Q._transpose_smem_ctas(Q.TransposeConfig(128, 2, 3), 2) == 3       # (64 KB + 128 B + 1 KB) x 3
     assert Q._transpose_smem_ctas(Q.TransposeConfig(128, 1, 4), 2) == 6
     cap = _launch_capture(monkeypatch, 1, 4096, 7168, 2, True)
-    assert cap["grid"] == (3 * 132,) and cap["smem"] == 65536 and cap["kw"]["smem_carveout"] == 100
+    assert cap["grid"] == (359,) and cap["smem"] == 65536 and cap["kw"]["smem_carveout"] == 100
     assert int(cap["args"][8]) == 32 * 56                                  # tiles
     cap = _launch_capture(monkeypatch, 1, 4096, 7168, 4, True)
-    assert cap["grid"] == (3 * 132,) and int(cap["args"][8]) == 32 * 112   # float32: 64-column tiles
+    assert cap["grid"] == (359,) and int(cap["args"][8]) == 32 * 112       # float32: 64-column tiles
     cap = _launch_capture(monkeypatch, 1, 200, 100, 2, False, num_sms=132)
     assert cap["grid"] == (2,)                                              # never more CTAs than tiles
     with pytest.raises(ValueError, match="not one of the built"):
         _launch_capture(monkeypatch, 1, 200, 100, 2, False, config=Q.TransposeConfig(64, 2, 6))
+    with pytest.raises(ValueError, match="grid must be one of"):
+        _launch_capture(monkeypatch, 1, 200, 100, 2, False, config=Q.TransposeConfig(128, 2, 3, "wide"))

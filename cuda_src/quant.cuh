@@ -524,15 +524,15 @@ per_block_cast_kernel(const void* __restrict__ x, uint8_t* __restrict__ out, flo
   }
 }
 
-
 // ---------------------------------------------------------------------------
 // Transposing casts for the backward pass (issue 21)
 // ---------------------------------------------------------------------------
 //
-// cast_transpose_kernel<kIn, kPow2, kPerColumn>: one CTA (256 threads) per
-// 128 x 128 tile of x [g, R, C], the payload written transposed, out
-// [g, C, r_pad] (r_pad = R rounded up to 16; bytes [R, r_pad) of each row are
-// written as zeros), so that the reduction dimension R becomes contiguous:
+// cast_transpose_kernel<kIn, kPow2, kPerColumn, kTileCols, kStages,
+// kCtasPerSm>: tiles of 128 rows x kTileCols columns of x [g, R, C], the payload written
+// transposed, out [g, C, r_pad] (r_pad = R rounded up to 16; bytes
+// [R, r_pad) of each row are written as zeros), so that the reduction
+// dimension R becomes contiguous:
 //   * kPerColumn (the wgrad operands, x = activations or output gradients
 //     [tokens, channels]): one scale per channel and 128 tokens, i.e. 1x128
 //     along R; scale (c, rb) of batch b at sf + b * sf_batch_stride +
@@ -541,167 +541,314 @@ per_block_cast_kernel(const void* __restrict__ x, uint8_t* __restrict__ out, flo
 //     GEMM's MN-major TMA-aligned [g, ceil(R/128), align(C, 4)] (sf_cols =
 //     align(C, 4), the padding channels zero); bit-identical to
 //     per_token_cast_kernel applied to x^T (cugemm8/reference/training.py
-//     per_token_cast_to_fp8_t);
-//   * !kPerColumn (weights [n, k] for dgrad): one scale per 128x128 tile,
-//     scales sf [g, ceil(C/128), ceil(R/128)], the transposed block scales
-//     (cast_transpose_block_fp8: per_block_cast_kernel, then transposes).
+//     per_token_cast_to_fp8_t).  Any kTileCols (a column's scale needs only
+//     its own 128 rows);
+//   * !kPerColumn (weights [n, k] for dgrad): one scale per 128x128 tile
+//     (kTileCols = 128), scales sf [g, ceil(C/128), ceil(R/128)], the
+//     transposed block scales (cast_transpose_block_fp8: per_block_cast_kernel,
+//     then transposes).
 // Same recipe and rounding as the casts above (file header).
 //
-// Work split: each thread loads four consecutive rows x kVec columns per pass
-// (kVecsPerRow threads cover one row quad's 128 columns, 256 B of 16-bit
-// input per warp row), so after the cast it holds, for each of its columns,
-// the four bytes of four consecutive rows: one 32-bit word of the transposed
-// tile, stored into shared memory [128 columns][132-byte pitch] (4-way bank
-// conflicts on these stores, a few hundred cycles per tile).  The transposed
-// tile then leaves with 16-byte stores (conflict-free 4-byte shared-memory
-// reads with the 33-word pitch).
-template <InDtype kIn, bool kPow2, bool kPerColumn>
-__global__ void __launch_bounds__(quant::kThreads, 1)
+// v0.13 design (issue 21; v0.10 held the tile in registers, 94-224 of them,
+// one CTA of 8 warps per SM, load / reduce / cast / store in sequence):
+//   * Staging: the tile goes to shared memory with 16-byte cp.async (no
+//     registers; rows past R and 16-byte pieces past C zero-filled by the
+//     copy itself, src-size 0), in a ring of kStages tiles.  A CTA is
+//     persistent over tiles blockIdx.x, + gridDim.x, ... (the host's grid:
+//     kCtasPerSm per SM, or one CTA per tile): while it reduces, casts and
+//     stores tile i, the loads of tiles i + 1 .. i + kStages - 1 are in
+//     flight.  kCtasPerSm CTAs per SM (registers capped to match by
+//     __launch_bounds__; their rings must fit in shared memory), the
+//     configurations cugemm8/quant.py's transpose_configs lists.
+//   * Layout: tile row r (kRowBytes = kTileCols * sizeof(input), 128-byte
+//     multiple) holds its 16-byte pieces p at position p ^ ((r / 16) % 8),
+//     an XOR swizzle under which both the cp.async writes (8 consecutive
+//     pieces of one row per quarter warp) and the column reads below hit 32
+//     distinct banks.
+//   * Cast: a warp task is one 16-byte piece column of the tile (4 words x
+//     128 rows: 8 columns of 16-bit input, 4 of float32); lane = 8 w + k
+//     takes word w of rows 16 k .. 16 k + 15 (16 4-byte shared loads), so
+//     each of its columns' 16 rows become one 16-byte word of the transposed
+//     payload, stored straight to global memory (8 lanes k write one 128-byte
+//     run of an output row; no second shared-memory pass).  The per-column
+//     amax is the lane's 16 rows, then a 3-step butterfly over k (the 8
+//     lanes of one column); the per-tile amax is each thread's own pieces
+//     (visible to it after its cp.async wait), a warp butterfly and the 8
+//     warp maxima in shared memory.
+//   * One __syncthreads per tile with kStages >= 2 (it also frees the
+//     previous tile's buffer for the loads issued right after it); two with
+//     kStages = 1.  Nothing is written but the payload [g, C, r_pad] and the
+//     scales (tests/test_quant_compile.py replays this index math).
+template <InDtype kIn, bool kPerColumn, uint32_t kTileCols, uint32_t kStages, uint32_t kCtasPerSm_>
+struct TransposeShape {
+  static constexpr uint32_t kBytes = quant::InTraits<kIn>::kBytes;
+  static constexpr uint32_t kRowBytes = kTileCols * kBytes;          // one tile row in shared memory
+  static constexpr uint32_t kPieces = kRowBytes / 16;                // 16-byte pieces per tile row
+  static constexpr uint32_t kTileBytes = quant::kGroup * kRowBytes;
+  static constexpr uint32_t kSmemBytes = kStages * kTileBytes;       // dynamic shared memory
+  static constexpr uint32_t kWarps = quant::kThreads / 32;
+  // Static shared memory: the warp maxima of two tiles (64 B), padded to 128
+  // B ahead of the 128-byte aligned ring (ptxas reports 128).
+  static constexpr uint32_t kStaticSmem = 128;
+  // CTAs per SM the kernel is built for (__launch_bounds__: registers
+  // capped at 65536 / (256 kCtasPerSm)), at most what shared memory allows:
+  // sm_90 has 228 KB per SM and reserves 1 KB per CTA, at most 2048 threads
+  // (the host computes the same, quant._transpose_smem_ctas).
+  static constexpr uint32_t kCtasPerSm = kCtasPerSm_;
+  static constexpr uint32_t kSmemCtas =
+      constexpr_min(2048 / quant::kThreads,
+                    (228u * 1024u) / (kSmemBytes + kStaticSmem + 1024u));
+  static constexpr uint32_t kTasksPerWarp = kPieces / kWarps;        // piece columns per warp
+  static constexpr uint32_t kLoadRows = quant::kThreads / kPieces;   // tile rows per cp.async pass
+  static constexpr uint32_t kLoadPasses = quant::kGroup / kLoadRows;
+  static constexpr uint32_t kColsPerWord = 4 / kBytes;
+  static_assert(kPieces == 8 || kPieces == 16 || kPieces == 32, "tile rows of 128, 256 or 512 bytes");
+  static_assert(kPerColumn || kTileCols == quant::kGroup, "per-tile scales need 128x128 tiles");
+  static_assert(kStages >= 1 && kCtasPerSm >= 1 && kCtasPerSm <= kSmemCtas,
+                "kCtasPerSm rings must fit in shared memory");
+  static_assert(kTileCols % quant::InTraits<kIn>::kVec == 0, "whole 16-byte pieces");
+};
+
+namespace quant {
+
+// 16-byte global -> shared copy (cp.async, L2 only); `src_bytes` < 16 fills
+// the rest with zeros (0: nothing is read, `src` need not be valid).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// Wait until at most N of this thread's cp.async groups are pending; the
+// completed ones are then visible to this thread.
+template <uint32_t N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void ld_shared_v4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr) : "memory");
+}
+
+__device__ __forceinline__ void st_global_v4(void* ptr, const uint32_t (&w)[4]) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(w[0]), "r"(w[1]), "r"(w[2]),
+               "r"(w[3]) : "memory");
+}
+
+// Element h (0: low half) of a 32-bit word of kIn as float32 bits (exact).
+template <InDtype kIn, uint32_t kH>
+__device__ __forceinline__ uint32_t word_element_f32_bits(uint32_t w) {
+  if constexpr (kIn == InDtype::kFloat32) return w;
+  else if constexpr (kIn == InDtype::kBFloat16) return kH ? (w & 0xffff0000u) : (w << 16);
+  else return __float_as_uint(cvt_f32_f16(kH ? (w >> 16) : (w & 0xffffu)));
+}
+
+// Bytes of rows [0, valid) of a 4-row word m (rows 4m .. 4m+3) of a 16-row chunk.
+__device__ __forceinline__ uint32_t chunk_row_mask(uint32_t valid, uint32_t m) {
+  const uint32_t n = valid > 4 * m ? constexpr_min(valid - 4 * m, 4u) : 0u;
+  return n == 4 ? 0xffffffffu : ((1u << (8 * n)) - 1u);
+}
+
+// Element h of 16 rows (words w[0..15]) of one column -> 16 e4m3fn bytes.
+// Rows at or past `valid` are zero inputs (cp.async zero fill); a finite or
+// infinite scale turns them into +0 bytes, a NaN scale needs the mask.
+template <InDtype kIn, uint32_t kH>
+__device__ __forceinline__ void cast_column_chunk(const uint32_t (&w)[16], float scale, double recip,
+                                                  uint32_t valid, uint32_t (&q)[4]) {
+  if (__float_as_uint(scale) < 0x7f800000u) {
+#pragma unroll
+    for (uint32_t m = 0; m < 4; ++m) {
+      float f[4];
+#pragma unroll
+      for (uint32_t j = 0; j < 4; ++j)
+        f[j] = cvt_rn_f32_f64(
+            mul_rn_f64(embed_f32_scaled(word_element_f32_bits<kIn, kH>(w[4 * m + j])), recip));
+      q[m] = cvt_e4m3x2(f[0], f[1]) | (cvt_e4m3x2(f[2], f[3]) << 16);
+    }
+  } else {
+    const bool scale_nan = __float_as_uint(scale) > 0x7f800000u;
+#pragma unroll
+    for (uint32_t m = 0; m < 4; ++m) {
+      uint32_t word = 0;
+#pragma unroll
+      for (uint32_t j = 0; j < 4; ++j) {
+        const uint32_t bits = word_element_f32_bits<kIn, kH>(w[4 * m + j]);
+        const uint32_t byte = (scale_nan || (bits & 0x7fffffffu) >= 0x7f800000u) ? 0x7fu : (bits >> 31) << 7;
+        word |= byte << (8 * j);
+      }
+      q[m] = word & chunk_row_mask(valid, m);
+    }
+  }
+}
+
+}  // namespace quant
+
+template <InDtype kIn, bool kPow2, bool kPerColumn, uint32_t kTileCols, uint32_t kStages, uint32_t kCtasPerSm>
+__global__ void __launch_bounds__(quant::kThreads, kCtasPerSm)
 cast_transpose_kernel(const void* __restrict__ x, uint8_t* __restrict__ out, float* __restrict__ sf,
-                      uint32_t rows, uint32_t cols, uint32_t r_pad, uint32_t r_blocks, uint32_t c_blocks,
-                      int64_t x_batch_stride, int64_t x_row_stride, float min_amax,
+                      uint32_t rows, uint32_t cols, uint32_t r_pad, uint32_t r_blocks, uint32_t c_tiles,
+                      uint32_t num_tiles, int64_t x_batch_stride, int64_t x_row_stride, float min_amax,
                       uint64_t sf_batch_stride, uint32_t sf_col_stride, uint32_t sf_block_stride,
                       uint32_t sf_cols) {
+  using Shape = TransposeShape<kIn, kPerColumn, kTileCols, kStages, kCtasPerSm>;
   using Traits = quant::InTraits<kIn>;
   constexpr uint32_t kVec = Traits::kVec;
-  constexpr uint32_t kVecsPerRow = quant::kGroup / kVec;          // threads per row quad
-  constexpr uint32_t kQuadsPerPass = quant::kThreads / kVecsPerRow;
-  constexpr uint32_t kPasses = quant::kGroup / (4 * kQuadsPerPass);
-  constexpr uint32_t kPitchWords = quant::kGroup / 4 + 1;          // 33: conflict-free reads
-  constexpr uint32_t kWarps = quant::kThreads / 32;
-  static_assert(kPasses * 4 * kQuadsPerPass == quant::kGroup, "whole passes");
+  constexpr uint32_t kRowBytes = Shape::kRowBytes;
+  constexpr uint32_t kPieces = Shape::kPieces;
+  constexpr uint32_t kWarps = Shape::kWarps;
 
-  __shared__ uint32_t smem_t[quant::kGroup * kPitchWords];        // transposed tile, 16.5 KB
-  __shared__ uint32_t smem_amax[kQuadsPerPass * quant::kGroup];   // per-column partial maxima
+  extern __shared__ __align__(128) uint8_t smem_tiles[];
+  __shared__ uint32_t smem_warp_amax[2][kWarps];
   griddep_wait();               // as in per_token_cast_kernel
   griddep_launch_dependents();
 
-  const uint32_t tile = blockIdx.x;
-  const uint32_t cb = tile % c_blocks;
-  const uint32_t rb = (tile / c_blocks) % r_blocks;
-  const uint32_t b = tile / c_blocks / r_blocks;
-  const uint32_t c_local = (threadIdx.x % kVecsPerRow) * kVec;
-  const uint32_t quad = threadIdx.x / kVecsPerRow;
-  const uint32_t col = cb * quant::kGroup + c_local;
-  // The input is padded to whole 16-byte loads (host); `cols` is the true
-  // count, so a load may straddle it and read the padding's zeros.
-  const bool col_valid = col < cols;
-  const uint8_t* x_base = static_cast<const uint8_t*>(x) +
-      (static_cast<int64_t>(b) * x_batch_stride + static_cast<int64_t>(col)) *
-          static_cast<int64_t>(Traits::kBytes);
+  const uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem_tiles));
+  const uint8_t* x_bytes = static_cast<const uint8_t*>(x);
   const int64_t x_row_bytes = x_row_stride * static_cast<int64_t>(Traits::kBytes);
 
-  // Load: row of (pass p, row i of the quad) = rb * 128 + 4 * (quad + p * kQuadsPerPass) + i.
-  uint32_t raw[kPasses][4][4];
+  // cp.async of one tile into ring slot `stage` (an empty group past the
+  // last tile, so the group count stays uniform).  Thread t copies piece
+  // t % kPieces of rows t / kPieces + p * kLoadRows.
+  const uint32_t ld_piece = tid % kPieces, ld_row = tid / kPieces;
+  auto issue = [&](uint32_t tile, uint32_t stage) {
+    if (tile < num_tiles) {
+      const uint32_t cb = tile % c_tiles, rest = tile / c_tiles;
+      const uint32_t rb = rest % r_blocks, b = rest / r_blocks;
+      const uint32_t col = cb * kTileCols + ld_piece * kVec;
+      const uint32_t r0 = rb * quant::kGroup + ld_row;
+      // The input is padded to whole 16-byte pieces (host): a piece that
+      // starts below `cols` lies inside the row.
+      const bool col_ok = col < cols;
+      const uint8_t* src =
+          x_bytes + (static_cast<int64_t>(b) * x_batch_stride + static_cast<int64_t>(col)) *
+                        static_cast<int64_t>(Traits::kBytes) +
+          static_cast<int64_t>(r0) * x_row_bytes;
+      const uint32_t dst = smem_base + stage * Shape::kTileBytes + ld_row * kRowBytes;
 #pragma unroll
-  for (uint32_t p = 0; p < kPasses; ++p) {
-#pragma unroll
-    for (uint32_t i = 0; i < 4; ++i) {
-      const uint32_t r = rb * quant::kGroup + 4 * (quad + p * kQuadsPerPass) + i;
-      if (col_valid && r < rows) {
-        quant::ld_global_nc_v4(raw[p][i], x_base + static_cast<int64_t>(r) * x_row_bytes);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) raw[p][i][j] = 0;
+      for (uint32_t p = 0; p < Shape::kLoadPasses; ++p) {
+        const uint32_t r = ld_row + p * Shape::kLoadRows;            // tile row
+        const bool ok = col_ok && r0 + p * Shape::kLoadRows < rows;
+        const uint8_t* s = src + static_cast<int64_t>(p * Shape::kLoadRows) * x_row_bytes;
+        quant::cp_async_16(dst + p * Shape::kLoadRows * kRowBytes + 16 * (ld_piece ^ ((r >> 4) & 7)),
+                           ok ? static_cast<const void*>(s) : x, ok ? 16u : 0u);
       }
     }
-  }
+    quant::cp_async_commit();
+  };
 
-  // amax: per column (kPerColumn) or per tile, as |x| bits of kIn.
-  uint32_t amax[kVec];
+  // The cast's lane roles: word `wsub` of a piece column, rows 16 k .. 16 k + 15.
+  const uint32_t k = lane % 8, wsub = lane / 8;
+
+  const uint32_t step = gridDim.x;
 #pragma unroll
-  for (uint32_t j = 0; j < kVec; ++j) {
-    uint32_t a = 0;
-#pragma unroll
-    for (uint32_t p = 0; p < kPasses; ++p)
-#pragma unroll
-      for (uint32_t i = 0; i < 4; ++i) {
-        const uint32_t bits = quant::element_f32_bits<kIn>(raw[p][i], j) & 0x7fffffffu;
-        a = max(a, bits);
-      }
-    amax[j] = a;          // float32 |x| bits (exact for every input type)
-  }
-  if constexpr (kPerColumn) {
-#pragma unroll
-    for (uint32_t j = 0; j < kVec; ++j) smem_amax[quad * quant::kGroup + c_local + j] = amax[j];
-    __syncthreads();
-#pragma unroll
-    for (uint32_t j = 0; j < kVec; ++j) {
+  for (uint32_t s = 0; s + 1 < kStages; ++s) issue(blockIdx.x + s * step, s);
+  uint32_t stage = 0, parity = 0;
+  for (uint32_t tile = blockIdx.x; tile < num_tiles; tile += step) {
+    if constexpr (kStages == 1) issue(tile, 0);
+    quant::cp_async_wait<(kStages >= 2 ? kStages - 2 : 0)>();
+    const uint32_t tile_smem = smem_base + stage * Shape::kTileBytes;
+
+    if constexpr (!kPerColumn) {
+      // Tile amax, part 1: this thread's own pieces, then its warp's.
       uint32_t a = 0;
 #pragma unroll
-      for (uint32_t q = 0; q < kQuadsPerPass; ++q) a = max(a, smem_amax[q * quant::kGroup + c_local + j]);
-      amax[j] = a;
-    }
-  } else {
-    uint32_t a = 0;
-#pragma unroll
-    for (uint32_t j = 0; j < kVec; ++j) a = max(a, amax[j]);
-#pragma unroll
-    for (uint32_t off = 16; off > 0; off /= 2) a = max(a, __shfl_xor_sync(0xffffffffu, a, off));
-    if (threadIdx.x % 32 == 0) smem_amax[threadIdx.x / 32] = a;
-    __syncthreads();
-#pragma unroll
-    for (uint32_t w = 0; w < kWarps; ++w) a = max(a, smem_amax[w]);
-#pragma unroll
-    for (uint32_t j = 0; j < kVec; ++j) amax[j] = a;
-  }
-
-  // Per column j: its scale (and reciprocal), written once; then the cast,
-  // four rows of one column making one word of the transposed tile.  One
-  // column's scale at a time keeps the register count down (the whole tile
-  // lives in registers until its amax is known; at 128 registers, for two
-  // CTAs per SM, ptxas spilled 24-220 bytes, so one CTA per SM for now).
-  // Rows past `rows` (zero-filled above) stay zero bytes whatever the scale.
-  if constexpr (!kPerColumn) {
-    if (threadIdx.x == 0)
-      quant::st_global_f32(sf + (static_cast<uint64_t>(b) * c_blocks + cb) * r_blocks + rb,
-                           quant::amax_to_scale<kPow2>(amax[0], min_amax));
-  }
-#pragma unroll
-  for (uint32_t j = 0; j < kVec; ++j) {
-    const float scale = quant::amax_to_scale<kPow2>(amax[j], min_amax);
-    const bool finite = __float_as_uint(scale) < 0x7f800000u;
-    const bool scale_nan = __float_as_uint(scale) > 0x7f800000u;
-    const double recip = finite ? quant::scaled_reciprocal(scale) : 0.0;
-    if constexpr (kPerColumn) {
-      if (quad == 0 && col + j < sf_cols)
-        quant::st_global_f32(sf + b * sf_batch_stride + static_cast<uint64_t>(col + j) * sf_col_stride +
-                                 static_cast<uint64_t>(rb) * sf_block_stride,
-                             col + j < cols ? scale : 0.0f);
-    }
-#pragma unroll
-    for (uint32_t p = 0; p < kPasses; ++p) {
-      const uint32_t word_row = quad + p * kQuadsPerPass;        // rows 4 word_row .. +3 of the tile
-      const uint32_t r4 = rb * quant::kGroup + 4 * word_row;
-      const uint32_t row_bytes = r4 + 4 <= rows ? 0xffffffffu
-                                 : (r4 >= rows ? 0u : (0xffffffffu >> (8 * (r4 + 4 - rows))));
-      float q[4];
-      uint32_t nonfinite_bytes = 0;
-#pragma unroll
-      for (uint32_t i = 0; i < 4; ++i) {
-        const uint32_t bits = quant::element_f32_bits<kIn>(raw[p][i], j);
-        q[i] = quant::cvt_rn_f32_f64(quant::mul_rn_f64(quant::embed_f32_scaled(bits), recip));
-        const uint32_t byte = (scale_nan || (bits & 0x7fffffffu) >= 0x7f800000u) ? 0x7fu : (bits >> 31) << 7;
-        nonfinite_bytes |= byte << (8 * i);
+      for (uint32_t p = 0; p < Shape::kLoadPasses; ++p) {
+        const uint32_t r = ld_row + p * Shape::kLoadRows;
+        uint32_t raw[4];
+        quant::ld_shared_v4(raw, tile_smem + r * kRowBytes + 16 * (ld_piece ^ ((r >> 4) & 7)));
+        a = quant::abs_max_bits<kIn>(raw, a);
       }
-      const uint32_t word = finite ? (quant::cvt_e4m3x2(q[0], q[1]) | (quant::cvt_e4m3x2(q[2], q[3]) << 16))
-                                   : nonfinite_bytes;
-      smem_t[(c_local + j) * kPitchWords + word_row] = word & row_bytes;
-    }
-  }
-  __syncthreads();
-
-  // Store the transposed tile: 128 rows (columns of x) of 128 bytes, in
-  // 16-byte pieces; piece `e` is row e / 8, bytes 16 (e % 8) ...
-  uint8_t* out_tile = out + (static_cast<uint64_t>(b) * cols + cb * quant::kGroup) * r_pad + rb * quant::kGroup;
 #pragma unroll
-  for (uint32_t e = threadIdx.x; e < quant::kGroup * 8; e += quant::kThreads) {
-    const uint32_t c = e / 8, piece = e % 8;
-    if (cb * quant::kGroup + c >= cols || rb * quant::kGroup + piece * 16 >= r_pad) continue;
-    const uint32_t* src = smem_t + c * kPitchWords + piece * 4;
-    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};"
-                 ::"l"(out_tile + static_cast<uint64_t>(c) * r_pad + piece * 16),
-                   "r"(src[0]), "r"(src[1]), "r"(src[2]), "r"(src[3]) : "memory");
+      for (uint32_t off = 16; off > 0; off /= 2) a = max(a, __shfl_xor_sync(0xffffffffu, a, off));
+      if (lane == 0) smem_warp_amax[parity][warp] = a;
+    }
+    __syncthreads();            // the tile (and warp maxima) visible to all; slot stage - 1 free
+    if constexpr (kStages >= 2) issue(tile + (kStages - 1) * step, (stage + kStages - 1) % kStages);
+
+    const uint32_t cb = tile % c_tiles, rest = tile / c_tiles;
+    const uint32_t rb = rest % r_blocks, b = rest / r_blocks;
+    const uint32_t c0 = cb * kTileCols;
+    const uint32_t row0 = rb * quant::kGroup + 16 * k;             // this lane's first row
+    const uint32_t valid = row0 < rows ? constexpr_min(rows - row0, 16u) : 0u;
+    uint8_t* out_chunk = out + static_cast<uint64_t>(b) * cols * r_pad + row0;
+
+    float tile_scale = 0.0f;
+    double tile_recip = 0.0;
+    if constexpr (!kPerColumn) {
+      uint32_t a = 0;
+#pragma unroll
+      for (uint32_t w = 0; w < kWarps; ++w) a = max(a, smem_warp_amax[parity][w]);
+      tile_scale = quant::amax_to_scale<kPow2>(quant::abs_bits_to_f32_bits<kIn>(a), min_amax);
+      if (__float_as_uint(tile_scale) < 0x7f800000u) tile_recip = quant::scaled_reciprocal(tile_scale);
+      if (tid == 0)
+        quant::st_global_f32(sf + (static_cast<uint64_t>(b) * c_tiles + cb) * r_blocks + rb, tile_scale);
+    }
+
+    const uint32_t chunk_smem = tile_smem + 16 * k * kRowBytes + 4 * wsub;
+#pragma unroll
+    for (uint32_t t = 0; t < Shape::kTasksPerWarp; ++t) {
+      const uint32_t piece = warp * Shape::kTasksPerWarp + t;      // piece column of the tile
+      uint32_t w[16];
+#pragma unroll
+      for (uint32_t i = 0; i < 16; ++i)
+        w[i] = quant::ld_shared_u32(chunk_smem + 16 * (piece ^ k) + i * kRowBytes);
+
+      // Per-column amax (float32 |x| bits) of this word's columns
+      uint32_t amax[Shape::kColsPerWord];
+      if constexpr (kPerColumn) {
+        if constexpr (Traits::kBytes == 2) {
+          uint32_t m2 = 0;
+#pragma unroll
+          for (uint32_t i = 0; i < 16; ++i) m2 = quant::max_u16x2(m2, w[i] & 0x7fff7fffu);
+#pragma unroll
+          for (uint32_t off = 1; off < 8; off *= 2)
+            m2 = quant::max_u16x2(m2, __shfl_xor_sync(0xffffffffu, m2, off));
+          amax[0] = quant::abs_bits_to_f32_bits<kIn>(m2 & 0xffffu);
+          amax[1] = quant::abs_bits_to_f32_bits<kIn>(m2 >> 16);
+        } else {
+          uint32_t a = 0;
+#pragma unroll
+          for (uint32_t i = 0; i < 16; ++i) a = max(a, w[i] & 0x7fffffffu);
+#pragma unroll
+          for (uint32_t off = 1; off < 8; off *= 2) a = max(a, __shfl_xor_sync(0xffffffffu, a, off));
+          amax[0] = a;
+        }
+      }
+
+      const uint32_t c_word = c0 + (4 * piece + wsub) * Shape::kColsPerWord;  // first column of the word
+      auto column = [&](auto h_tag) {
+        constexpr uint32_t h = decltype(h_tag)::value;
+        const uint32_t c = c_word + h;
+        float scale = tile_scale;
+        double recip = tile_recip;
+        if constexpr (kPerColumn) {
+          scale = quant::amax_to_scale<kPow2>(amax[h], min_amax);
+          recip = __float_as_uint(scale) < 0x7f800000u ? quant::scaled_reciprocal(scale) : 0.0;
+          if (k == 0 && c < sf_cols)
+            quant::st_global_f32(sf + b * sf_batch_stride + static_cast<uint64_t>(c) * sf_col_stride +
+                                     static_cast<uint64_t>(rb) * sf_block_stride,
+                                 c < cols ? scale : 0.0f);
+        }
+        uint32_t q[4];
+        quant::cast_column_chunk<kIn, h>(w, scale, recip, valid, q);
+        if (valid != 0 && c < cols) quant::st_global_v4(out_chunk + static_cast<uint64_t>(c) * r_pad, q);
+      };
+      column(UConst<0>{});
+      if constexpr (Shape::kColsPerWord == 2) column(UConst<1>{});
+    }
+    if constexpr (kStages == 1) __syncthreads();   // the slot is reloaded next
+    stage = stage + 1 == kStages ? 0 : stage + 1;
+    parity ^= 1;
   }
 }
 

@@ -478,12 +478,14 @@ def prebuild(header: str, name_expr: str) -> PrebuildResult:
     return PrebuildResult(name_expr, path, "compiled", time.perf_counter() - t0, len(cubin))
 
 
-def get_kernel(header: str, name_expr: str, *, max_dynamic_smem: int = 0):
+def get_kernel(header: str, name_expr: str, *, max_dynamic_smem: int = 0, smem_carveout: int | None = None):
     """Return a ``cupy.RawKernel`` for ``name_expr`` declared in ``header``.
 
     Compiled (or loaded from CuPy's disk cache) on first use per device;
     later calls are a dictionary lookup.  ``max_dynamic_smem`` raises the
-    kernel's opt-in dynamic shared-memory limit (bytes).
+    kernel's opt-in dynamic shared-memory limit (bytes); ``smem_carveout``
+    sets its preferred shared-memory carveout (percent of the unified
+    L1 / shared memory, 100: the most shared memory), both at the first load.
 
     Raises :class:`cugemm8.DeviceError` when no Hopper GPU / NVRTC is usable
     and ``cupy.cuda.compiler.CompileException`` on a compile error.
@@ -506,6 +508,8 @@ def get_kernel(header: str, name_expr: str, *, max_dynamic_smem: int = 0):
         kern, how = _load_or_compile(cupy, src, name_expr)
         if max_dynamic_smem:
             kern.max_dynamic_shared_size_bytes = max_dynamic_smem
+        if smem_carveout is not None:
+            kern.preferred_shared_memory_carveout = smem_carveout
         dt = time.perf_counter() - t0
         with _locks_guard:
             stats.builds += 1

@@ -26,14 +26,16 @@ Kernels (``cuda_src/quant.cuh``): one pass over the input, 16-byte loads;
 per token, one warp per run of 128-group chunks of a row with a
 warp-shuffle amax; per block, one 256-thread CTA per 128x128 tile held in
 registers; the backward pass's transposing casts
-(:func:`per_token_cast_to_fp8_t`, :func:`cast_transpose_block_fp8`), one
-256-thread CTA per 128x128 tile held in registers, written transposed
-through shared memory.  Everything runs on CuPy's current stream without
-host synchronisation.
+(:func:`per_token_cast_to_fp8_t`, :func:`cast_transpose_block_fp8`),
+persistent 256-thread CTAs (up to three per SM by default) staging 128-row
+tiles in shared memory with cp.async (a two-tile ring: the next tile loads
+while this one is reduced and cast), each column's 16-row runs leaving
+transposed as 16-byte stores (:func:`transpose_configs`).  Everything runs
+on CuPy's current stream without host synchronisation.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -63,21 +65,27 @@ __all__ = ["per_token_cast_to_fp8", "per_block_cast_to_fp8", "per_token_cast_to_
 # Kernel names
 # ----------------------------------------------------------------------------
 
-def kernel_name(kind: str, dtype_name: str, pow2_scale: bool) -> str:
+def kernel_name(kind: str, dtype_name: str, pow2_scale: bool, config: "TransposeConfig | None" = None) -> str:
     """Fully qualified name expression of one quantisation kernel.
 
     ``kind`` is ``"per_token"``, ``"per_block"``, ``"transpose_column"``
     (:func:`per_token_cast_to_fp8_t`) or ``"transpose_block"``
     (:func:`cast_transpose_block_fp8`); ``dtype_name`` one of
-    ``"float32"``, ``"float16"``, ``"bfloat16"``.
+    ``"float32"``, ``"float16"``, ``"bfloat16"``.  The transposing kinds
+    take a :class:`TransposeConfig` (one of :func:`transpose_configs`;
+    default: the first, the one the public functions launch).
     """
     if kind not in _KINDS:
         raise ValueError(f"kind must be one of {', '.join(map(repr, _KINDS))}, got {kind!r}")
     pow2 = 'true' if pow2_scale else 'false'
     dt = f"cugemm8::InDtype::{_IN_DTYPES[dtype_name]}"
     if kind.startswith("transpose_"):
+        cfg = _transpose_config(kind, dtype_name, config)
         per_column = 'true' if kind == "transpose_column" else 'false'
-        return f"cugemm8::cast_transpose_kernel<{dt}, {pow2}, {per_column}>"
+        return (f"cugemm8::cast_transpose_kernel<{dt}, {pow2}, {per_column}, {cfg.tile_cols}, {cfg.stages}, "
+                f"{cfg.ctas_per_sm}>")
+    if config is not None:
+        raise ValueError(f"config applies to the transposing casts only, not to {kind!r}")
     return f"cugemm8::{kind}_cast_kernel<{dt}, {pow2}>"
 
 
@@ -86,8 +94,109 @@ _KINDS = ("per_token", "per_block", "transpose_column", "transpose_block")
 
 
 def all_kernel_names() -> list:
-    """Every instantiation the public functions can launch (for compile checks)."""
+    """Every instantiation the public functions can launch (for compile checks
+    and ``cugemm8 warmup``): the transposing casts in their default
+    configuration."""
     return [kernel_name(kind, dt, p) for kind in _KINDS for dt in _IN_DTYPES for p in (False, True)]
+
+
+# ----------------------------------------------------------------------------
+# The transposing casts' configurations (cast_transpose_kernel, issue 21)
+# ----------------------------------------------------------------------------
+
+class TransposeConfig(NamedTuple):
+    """One build and launch of ``cast_transpose_kernel``: tiles of 128 rows x
+    ``tile_cols`` columns, a ring of ``stages`` tiles in shared memory per
+    CTA, registers capped for ``ctas_per_sm`` CTAs of 256 threads per SM.
+    ``grid`` (the launch only; CTA ``i`` takes tiles ``i``, ``i + grid``,
+    ...):
+
+    * ``"balanced"``: as many rounds of tiles as ``"full"`` needs, over the
+      fewest CTAs that keep them (every CTA then takes the same number of
+      tiles, give or take one, so no round ends with a few CTAs alone);
+    * ``"full"``: ``ctas_per_sm`` CTAs per SM (the SM budget of
+      :func:`cugemm8.get_num_sms`), at most one per tile;
+    * ``"tiles"``: one CTA per tile.
+    """
+    tile_cols: int
+    stages: int
+    ctas_per_sm: int
+    grid: str = "balanced"
+
+    def smem_bytes(self, itemsize: int) -> int:
+        """Dynamic shared memory of one CTA: the ring of tiles."""
+        return self.stages * _GROUP * self.tile_cols * itemsize
+
+    def label(self) -> str:
+        return f"{self.tile_cols}c s{self.stages} x{self.ctas_per_sm} {self.grid}"
+
+    def grid_size(self, tiles: int, num_sms: int) -> int:
+        """CTAs of the launch for ``tiles`` tiles on ``num_sms`` SMs."""
+        if self.grid == "tiles":
+            return tiles
+        full = min(tiles, self.ctas_per_sm * num_sms)
+        if self.grid == "full":
+            return full
+        rounds = -(-tiles // full)
+        return -(-tiles // rounds)
+
+
+#: The configurations of each (kind, 4-byte input): the first is the one the
+#: public functions launch, the others are built for timing
+#: (tools/perf/sweep_cast_t.py) and compile-checked.  Default: two-tile rings
+#: of 32 KB tiles (256-byte rows: 128 columns of 16-bit input, 64 of float32),
+#: three CTAs per SM (65 KB of shared memory each, 80 registers); the block
+#: scales need 128 columns, so float32 weights take one 64 KB tile per CTA.
+_TRANSPOSE_CONFIGS = {
+    ("transpose_column", False): (TransposeConfig(128, 2, 3), TransposeConfig(128, 1, 4),
+                                  TransposeConfig(128, 3, 2), TransposeConfig(64, 2, 6)),
+    ("transpose_column", True): (TransposeConfig(64, 2, 3), TransposeConfig(64, 1, 4),
+                                 TransposeConfig(64, 3, 2), TransposeConfig(128, 1, 3)),
+    ("transpose_block", False): (TransposeConfig(128, 2, 3), TransposeConfig(128, 1, 4),
+                                 TransposeConfig(128, 3, 2)),
+    ("transpose_block", True): (TransposeConfig(128, 1, 3),),
+}
+
+_GRIDS = ("balanced", "full", "tiles")
+_SMEM_PER_SM = 228 * 1024           # sm_90
+_SMEM_RESERVED_PER_CTA = 1024
+_TRANSPOSE_STATIC_SMEM = 128      # the kernel's warp maxima (64 B), padded so the ring is 128-byte aligned
+
+
+def transpose_configs(kind: str, dtype_name: str) -> tuple:
+    """The :class:`TransposeConfig` s built for one transposing kind and input
+    dtype, the default first (any ``grid`` launches each)."""
+    if kind not in ("transpose_column", "transpose_block"):
+        raise ValueError(f"kind must be 'transpose_column' or 'transpose_block', got {kind!r}")
+    if dtype_name not in _IN_DTYPES:
+        raise ValueError(f"dtype_name must be one of {', '.join(_IN_DTYPES)}, got {dtype_name!r}")
+    return _TRANSPOSE_CONFIGS[(kind, dtype_name == "float32")]
+
+
+def _transpose_config(kind: str, dtype_name: str, config) -> TransposeConfig:
+    built = transpose_configs(kind, dtype_name)
+    if config is None:
+        return built[0]
+    cfg = TransposeConfig(*config)
+    if cfg.grid not in _GRIDS:
+        raise ValueError(f"config grid must be one of {', '.join(map(repr, _GRIDS))}, got {cfg.grid!r}")
+    if cfg._replace(grid="balanced") not in built:
+        raise ValueError(f"{kind} {dtype_name}: config {tuple(config)} is not one of the built "
+                         f"configurations {[tuple(c[:3]) for c in built]}")
+    return cfg
+
+
+def _transpose_smem_ctas(cfg: TransposeConfig, itemsize: int) -> int:
+    """CTAs per SM that shared memory allows (the kernel's kSmemCtas)."""
+    per_cta = cfg.smem_bytes(itemsize) + _TRANSPOSE_STATIC_SMEM + _SMEM_RESERVED_PER_CTA
+    return min(2048 // _THREADS, _SMEM_PER_SM // per_cta)
+
+
+def transpose_variant_names() -> list:
+    """Every built instantiation of the transposing casts (each dtype, pow2
+    and configuration; the defaults included), for compile checks."""
+    return [kernel_name(kind, dt, p, cfg) for kind in ("transpose_column", "transpose_block")
+            for dt in _IN_DTYPES for p in (False, True) for cfg in transpose_configs(kind, dt)]
 
 
 # ----------------------------------------------------------------------------
@@ -384,8 +493,11 @@ def _cast_transposed(name: str, x, min_amax, pow2_scale, per_column: bool, mn_ma
     *lead, rows, cols = x.shape
     g = lead[0] if lead else 1
     rb, cb = -(-rows // _GROUP), -(-cols // _GROUP)
-    if g * rb * cb > _INT32_MAX:          # before any copy or allocation
-        raise ValueError(f"{name} shape {x.shape} has {g * rb * cb} 128x128 tiles; at most 2^31 - 1")
+    kind = "transpose_column" if per_column else "transpose_block"
+    tile_cols = transpose_configs(kind, x.dtype.name)[0].tile_cols
+    tiles = g * rb * -(-cols // tile_cols)
+    if tiles > _INT32_MAX:                # before any copy or allocation
+        raise ValueError(f"{name} shape {x.shape} has {tiles} tiles of 128 x {tile_cols}; at most 2^31 - 1")
     xk = _in_place_or_copy(_pad_k(name, x, cupy), cupy)   # whole 16-byte loads; cols stays the true count
     r_pad = padded_k(rows)
     out = cupy.empty((g, cols, r_pad), dtype=np.uint8)
@@ -403,28 +515,37 @@ def _cast_transposed(name: str, x, min_amax, pow2_scale, per_column: bool, mn_ma
 
 
 def _launch_cast_transpose(xk, out, sf, rows: int, cols: int, min_amax_f32, pow2_scale: bool,
-                           per_column: bool, mn_major: bool = False) -> None:
+                           per_column: bool, mn_major: bool = False, *, config=None) -> None:
     """Launch the transposing cast: ``xk`` validated, readable in place, its
     last dimension padded to whole 16-byte loads (``cols`` the true column
     count); ``out`` uint8 ``[g, cols, ceil(rows/16)*16]`` and ``sf`` float32
     ``[g, cols, ceil(rows/128)]`` (per column), ``[g, ceil(rows/128),
     ceil(cols/4)*4]`` (per column, ``mn_major``) or ``[g, ceil(cols/128),
-    ceil(rows/128)]``, all C-contiguous."""
-    rb, cb = -(-rows // _GROUP), -(-cols // _GROUP)
-    g = xk.shape[0] if xk.ndim == 3 else 1
-    x3, batch_stride, row_stride = _kernel_operand(xk)
+    ceil(rows/128)]``, all C-contiguous.  ``config``: a
+    :class:`TransposeConfig` of :func:`transpose_configs` (default: the
+    first)."""
     kind = "transpose_column" if per_column else "transpose_block"
-    kern = _jit.get_kernel(_HEADER, kernel_name(kind, xk.dtype.name, pow2_scale))
+    cfg = _transpose_config(kind, xk.dtype.name, config)
+    rb, ct = -(-rows // _GROUP), -(-cols // cfg.tile_cols)
+    g = xk.shape[0] if xk.ndim == 3 else 1
+    tiles = g * rb * ct
+    if tiles > _INT32_MAX:
+        raise ValueError(f"x shape {xk.shape} has {tiles} tiles of 128 x {cfg.tile_cols}; at most 2^31 - 1")
+    x3, batch_stride, row_stride = _kernel_operand(xk)
+    smem = cfg.smem_bytes(xk.itemsize)
+    kern = _jit.get_kernel(_HEADER, kernel_name(kind, xk.dtype.name, pow2_scale, cfg),
+                           max_dynamic_smem=smem, smem_carveout=100)
     if mn_major:                        # scale (c, r) at r * cols_pad + c
         cols_pad = tma_aligned_size(cols)
         sf_strides = (rb * cols_pad, 1, cols_pad, cols_pad)
     else:                               # (c, r) at c * rb + r (the per-block form ignores these)
         sf_strides = (cols * rb, rb, 1, cols)
+    grid = cfg.grid_size(tiles, _device.get_num_sms())
     args = (x3, out, sf, np.uint32(rows), np.uint32(cols), np.uint32(padded_k(rows)), np.uint32(rb),
-            np.uint32(cb), np.int64(batch_stride), np.int64(row_stride), min_amax_f32,
+            np.uint32(ct), np.uint32(tiles), np.int64(batch_stride), np.int64(row_stride), min_amax_f32,
             np.uint64(sf_strides[0]), np.uint32(sf_strides[1]), np.uint32(sf_strides[2]),
             np.uint32(sf_strides[3]))
-    _launch.Launcher(kern, (g * rb * cb,), (_THREADS,), args)()
+    _launch.Launcher(kern, (grid,), (_THREADS,), args, smem)()
 
 
 def per_token_cast_to_fp8_t(x: cupy.ndarray, *, min_amax: float = _DEFAULT_MIN_AMAX, pow2_scale: bool = False,

@@ -39,40 +39,69 @@ INV448 = float.fromhex("0x1.2492492492492p-9")      # the kernel's kInv448
 # NVRTC: resources and SASS
 # ----------------------------------------------------------------------------
 
+def _compiled_names():
+    """The launchable defaults and every built configuration of the
+    transposing casts (tools/perf/sweep_cast_t.py times them)."""
+    return list(dict.fromkeys(Q.all_kernel_names() + Q.transpose_variant_names()))
+
+
 @pytest.fixture(scope="module")
 def compile_report():
     from cugemm8 import _jit
-    return _jit.compile_only("quant.cuh", Q.all_kernel_names(), sass=False)
+    return _jit.compile_only("quant.cuh", _compiled_names(), sass=False)
+
+
+def _transpose_config_of(name: str):
+    """(TransposeConfig, itemsize) of a cast_transpose_kernel name expression."""
+    m = re.search(r"cast_transpose_kernel<cugemm8::InDtype::k(\w+), \w+, \w+, (\d+), (\d+), (\d+)>", name)
+    assert m, name
+    return Q.TransposeConfig(int(m[2]), int(m[3]), int(m[4])), (4 if m[1] == "Float32" else 2)
 
 
 @pytest.mark.compile
 def test_every_instantiation_compiles_without_spills(compile_report):
     rep = compile_report
-    assert set(rep.lowered) == set(Q.all_kernel_names())
+    assert set(rep.lowered) == set(_compiled_names())
     assert not rep.warnings, rep.warnings
+    report = []
     for name, mangled in rep.lowered.items():
         res = rep.resources[mangled]
         assert res.stack_frame == 0, (name, res)
         assert res.spill_stores == 0 and res.spill_loads == 0, (name, res)
         # Occupancy budget: per token >= 5 CTAs of 256 threads per SM, per
         # block >= 2 (the whole fp32 tile lives in registers); the
-        # transposing casts >= 1 for now (at 128 registers ptxas spilled).
-        limit = 64 if "per_token" in name else (255 if "cast_transpose" in name else 128)
+        # transposing casts: the CTAs per SM their configuration is built for
+        # (__launch_bounds__), which shared memory must allow.
+        if "cast_transpose" in name:
+            cfg, item = _transpose_config_of(name)
+            assert 1 <= cfg.ctas_per_sm <= Q._transpose_smem_ctas(cfg, item), name
+            limit = 65536 // (Q._THREADS * cfg.ctas_per_sm) // 8 * 8
+            assert res.smem_static <= Q._TRANSPOSE_STATIC_SMEM, (name, res.smem_static)
+            report.append(f"{name}: {res.registers} registers (cap {limit}), "
+                          f"{cfg.smem_bytes(item)} B dynamic + {res.smem_static} B static shared, "
+                          f"{cfg.ctas_per_sm} CTAs/SM")
+        else:
+            limit = 64 if "per_token" in name else 128
         assert res.registers <= limit, (name, res.registers)
+    print("\n".join(report))
 
 
 @pytest.mark.compile
 def test_sass_has_no_calls_or_local_memory(sass_tools):
     from cugemm8 import _jit
-    rep = _jit.compile_only("quant.cuh", Q.all_kernel_names(), sass=True)
+    names = _compiled_names()
+    rep = _jit.compile_only("quant.cuh", names, sass=True)
     funcs = re.split(r"\n\s*Function : ", rep.sass)[1:]
-    assert len(funcs) == len(Q.all_kernel_names())
+    assert len(funcs) == len(names)
     for body in funcs:
         name = body.split("\n", 1)[0].strip()
         assert not re.search(r"\bCALL\b", body), f"{name}: CALL (division slow path?)"
         assert not re.search(r"\b(LDL|STL)\b", body), f"{name}: local memory"
         assert "F2FP.SATFINITE.E4M3" in body, f"{name}: no e4m3 conversion"
         assert "DMUL" in body, f"{name}: no float64 quotient"
+        if "cast_transpose" in name:
+            # the tile is staged with cp.async, left with 16-byte stores
+            assert "LDGSTS" in body and "STG.E.128" in body, f"{name}: no cp.async / 16-byte stores"
 
 
 # ----------------------------------------------------------------------------
@@ -414,7 +443,16 @@ def test_kernel_names():
     names = Q.all_kernel_names()
     assert len(names) == len(set(names)) == 24
     assert Q.kernel_name("transpose_column", "float32", False) == \
-        "cugemm8::cast_transpose_kernel<cugemm8::InDtype::kFloat32, false, true>"
+        "cugemm8::cast_transpose_kernel<cugemm8::InDtype::kFloat32, false, true, 64, 2, 3>"
+    assert Q.kernel_name("transpose_block", "bfloat16", True, Q.TransposeConfig(128, 1, 4)) == \
+        "cugemm8::cast_transpose_kernel<cugemm8::InDtype::kBFloat16, true, false, 128, 1, 4>"
+    with pytest.raises(ValueError, match="not one of the built"):
+        Q.kernel_name("transpose_block", "float32", False, Q.TransposeConfig(64, 2, 3))
+    with pytest.raises(ValueError, match="transposing casts only"):
+        Q.kernel_name("per_token", "float32", False, Q.TransposeConfig(64, 2, 3))
+    variants = Q.transpose_variant_names()
+    assert len(variants) == len(set(variants)) and set(variants) >= {
+        n for n in names if "cast_transpose" in n}
     assert Q.kernel_name("per_token", "bfloat16", True) == \
         "cugemm8::per_token_cast_kernel<cugemm8::InDtype::kBFloat16, true>"
     with pytest.raises(ValueError):
@@ -435,89 +473,239 @@ def test_option_validation():
             Q.check_quant_options(1e-4, bad)
 
 
+def _launch_capture(monkeypatch, g, rows, cols, itemsize, per_column, mn_major=False, config=None,
+                    num_sms=132):
+    """What quant._launch_cast_transpose hands the kernel for an input
+    [g, rows, padded_k(cols)] of ``itemsize``-byte elements (kernel stubbed,
+    ``num_sms`` SMs): name, grid, block, dynamic shared memory, arguments."""
+    captured = {}
+
+    class _Kern:
+        def __call__(self, grid, block, args, shared_mem=0):
+            captured.update(grid=grid, block=block, args=args, smem=shared_mem)
+
+    cols_pad, item = Q.padded_k(cols), itemsize
+
+    class _X:
+        shape, itemsize, ndim = (g, rows, cols_pad), item, 3
+        strides = (rows * cols_pad * item, cols_pad * item, item)
+        dtype = np.dtype(np.float32 if item == 4 else np.float16)
+
+    import cugemm8._jit as J
+
+    def get_kernel(header, name, **kw):
+        captured.update(name=name, kw=kw)
+        return _Kern()
+    monkeypatch.setattr(J, "get_kernel", get_kernel)
+    monkeypatch.setattr(Q._device, "get_num_sms", lambda device_id=None: num_sms)
+    Q._launch_cast_transpose(_X(), None, None, rows, cols, np.float32(1e-4), False, per_column, mn_major,
+                             config=config)
+    return captured
+
+
+def _replay_cast_transpose(cap, itemsize: int, per_column: bool):
+    """cast_transpose_kernel (cuda_src/quant.cuh), replayed from the launch
+    arguments the host packs: every CTA's ring of cp.async groups, each
+    thread's 16-byte copies into the swizzled tile and each lane's column
+    reads, with every word carrying the identity of the input word it holds.
+
+    Asserts on the way: a slot is refilled only after its tile was cast, a
+    tile is cast only once its group is complete (cp.async.wait_group
+    count), no real copy is pending at exit; every 16-byte slot of a tile is
+    written once per fill; each lane reads exactly the input words it
+    believes it reads (zeros past ``rows`` and past ``cols``); the 8 lanes a
+    column's butterfly reduces hold its 128 rows; the cp.async quarter
+    warps and the column reads hit 32 distinct banks; stores stay inside
+    the padded output rows.  Returns the counts (input words loaded, payload
+    bytes written, scale slots written)."""
+    cfg, item = _transpose_config_of(cap["name"])
+    assert item == itemsize and cap["block"] == (Q._THREADS,)
+    assert cap["smem"] == cfg.smem_bytes(item) == cap["kw"]["max_dynamic_smem"]
+    (rows, cols, r_pad, r_blocks, c_tiles, num_tiles, _bs, _rs, _min, sf_batch, sf_col, sf_block,
+     sf_cols) = (cap["args"][3:])
+    rows, cols, r_pad, r_blocks, c_tiles, num_tiles = (int(v) for v in (rows, cols, r_pad, r_blocks, c_tiles,
+                                                                      num_tiles))
+    sf_batch, sf_col, sf_block, sf_cols = map(int, (sf_batch, sf_col, sf_block, sf_cols))
+    grid = cap["grid"][0]
+    tile_cols, stages = cfg.tile_cols, cfg.stages
+    row_bytes, vec = tile_cols * item, 16 // item
+    pieces = row_bytes // 16
+    load_rows = Q._THREADS // pieces
+    passes, tasks, cpw = 128 // load_rows, pieces // 8, 4 // item
+    g = num_tiles // (r_blocks * c_tiles)
+    assert g * r_blocks * c_tiles == num_tiles and c_tiles == -(-cols // tile_cols)
+    assert r_blocks == -(-rows // 128) and r_pad == Q.padded_k(rows)
+    cols_pad = Q.padded_k(cols)
+    wpr = cols_pad * item // 4                         # words per (padded) input row
+    loaded = np.zeros((g, rows, wpr), np.int64)
+    out = np.zeros((g, cols, r_pad), np.int64)
+    sf_flat = np.zeros(g * sf_batch if per_column else g * c_tiles * r_blocks, np.int64)
+    smem = np.zeros((stages, 128 * row_bytes // 4), np.int64)
+    t = np.arange(Q._THREADS)
+    ld_piece, ld_row = t % pieces, t // pieces
+    lane, warp = t % 32, t // 32
+    k, wsub = lane % 8, lane // 8
+
+    def coords(tile):
+        cb, rest = tile % c_tiles, tile // c_tiles
+        return rest // r_blocks, rest % r_blocks, cb
+
+    def issue(tile, stage):
+        b, rb, cb = coords(tile)
+        col = cb * tile_cols + ld_piece * vec
+        slots = np.zeros(128 * pieces, np.int64)
+        for p in range(passes):
+            r = ld_row + p * load_rows
+            gr = rb * 128 + r
+            ok = (col < cols) & (gr < rows)
+            assert np.all(col[ok] + vec <= cols_pad)               # inside the padded row
+            dst = r * row_bytes + 16 * (ld_piece ^ ((r >> 4) & 7))
+            quarter = ((dst // 16) % 8).reshape(-1, 8)               # 8 lanes: 8 distinct 16-byte bank groups
+            assert np.all(np.sort(quarter, axis=1) == np.arange(8))
+            np.add.at(slots, dst // 16, 1)
+            for j in range(4):
+                wcol = col * item // 4 + j
+                smem[stage, dst // 4 + j] = np.where(ok, 1 + (b * rows + gr) * wpr + wcol, 0)
+                np.add.at(loaded, (b, gr[ok], wcol[ok]), 1)
+        assert np.all(slots == 1)
+
+    def cast(tile, stage):
+        b, rb, cb = coords(tile)
+        row0 = rb * 128 + 16 * k
+        valid = np.clip(rows - row0, 0, 16)
+        for tt in range(tasks):
+            piece = warp * tasks + tt
+            wcol = (cb * tile_cols * item + 16 * piece + 4 * wsub) // 4
+            piece_col = cb * tile_cols + piece * vec
+            for i in range(16):
+                addr = 16 * k * row_bytes + 16 * (piece ^ k) + 4 * wsub + i * row_bytes
+                banks = ((addr // 4) % 32).reshape(-1, 32)
+                assert np.all(np.sort(banks, axis=1) == np.arange(32))
+                gr = row0 + i
+                want = np.where((gr < rows) & (piece_col < cols), 1 + (b * rows + gr) * wpr + wcol, 0)
+                assert np.array_equal(smem[stage, addr // 4], want)
+            # the butterfly partners (lane ^ 1, 2, 4) hold the same word, rows 16 k'
+            for off in (1, 2, 4):
+                assert np.array_equal(wsub[lane ^ off], wsub)
+            c_word = cb * tile_cols + (4 * piece + wsub) * cpw
+            assert np.array_equal(c_word * item // 4, wcol)
+            for h in range(cpw):
+                c = c_word + h
+                if per_column:
+                    sel = (k == 0) & (c < sf_cols)
+                    np.add.at(sf_flat, b * sf_batch + c[sel] * sf_col + rb * sf_block, 1)
+                st = (valid > 0) & (c < cols)
+                assert np.all(row0[st] + 16 <= r_pad)
+                for rr in range(16):
+                    np.add.at(out, (b, c[st], row0[st] + rr), 1)
+        if not per_column:
+            sf_flat[(b * c_tiles + cb) * r_blocks + rb] += 1
+
+    for cta in range(grid):
+        mine = list(range(cta, num_tiles, grid))
+        groups, slot, done = [], [None] * stages, set()
+
+        def commit(tile, stage):
+            if tile < num_tiles:
+                assert slot[stage] is None or slot[stage] in done, "slot refilled before its tile was cast"
+                slot[stage] = tile
+                issue(tile, stage)
+            groups.append(tile if tile < num_tiles else None)
+
+        for s_ in range(stages - 1):
+            commit(cta + s_ * grid, s_)
+        stage = 0
+        for tile in mine:
+            if stages == 1:
+                commit(tile, 0)
+            pending = stages - 2 if stages >= 2 else 0
+            assert tile in groups[:len(groups) - pending], "cast before its copies completed"
+            assert slot[stage] == tile
+            if stages >= 2:
+                commit(tile + (stages - 1) * grid, (stage + stages - 1) % stages)
+            cast(tile, stage)
+            done.add(tile)
+            stage = (stage + 1) % stages
+        assert done == set(mine) and all(gr_ is None or gr_ in done for gr_ in groups)
+    return loaded, out, sf_flat, (sf_batch, sf_col, sf_block, sf_cols), cols * item
+
+
+def _all_configs(itemsize, per_column):
+    kind = "transpose_column" if per_column else "transpose_block"
+    return Q.transpose_configs(kind, "float32" if itemsize == 4 else "bfloat16")
+
+
 @pytest.mark.parametrize("rows,cols", [(1, 1), (3, 15), (16, 17), (129, 130), (257, 16), (17, 257), (300, 400)])
 @pytest.mark.parametrize("itemsize", [2, 4])
 @pytest.mark.parametrize("per_column,mn_major", [(True, False), (True, True), (False, False)])
 def test_cast_transpose_covers_each_element_and_output_once(rows, cols, itemsize, per_column, mn_major,
                                                             monkeypatch):
-    """cast_transpose_kernel's index math (cuda_src/quant.cuh), replayed:
-    every input element is loaded once, within the 16-byte-padded row; every
-    shared-memory word of the transposed tile is written once before the
-    barrier; every payload byte of [cols, r_pad] (padding included) and
-    every scale is written exactly once, and nothing outside.  The scale
-    strides are the host's (quant._launch_cast_transpose), in both per-column
-    layouts; the MN-major buffer's padding channels are written (zero) too."""
-    threads, group = Q._THREADS, 128
-    vec = 16 // itemsize
-    vecs_per_row = group // vec
-    quads_per_pass = threads // vecs_per_row
-    passes = group // (4 * quads_per_pass)
-    cols_pad, r_pad = Q.padded_k(cols), Q.padded_k(rows)
-    rb, cb = -(-rows // group), -(-cols // group)
-    loads = np.zeros((rows, cols_pad), np.int64)
-    out = np.zeros((cols, r_pad), np.int64)
-    sf = np.zeros((cols, rb) if per_column else (cb, rb), np.int64)
+    """Every built configuration, in each grid form: balanced and full on
+    one SM (several tiles per CTA: the ring wraps) and one CTA per tile:
+    every input word of the
+    [rows, cols] region is loaded once (16-byte pieces inside the padded
+    row), every payload byte of [cols, r_pad] (padding included) and every
+    scale written exactly once, nothing outside (the replay's own checks in
+    _replay_cast_transpose).  The scale strides are the host's, in both
+    per-column layouts; the MN-major buffer's padding channels are written
+    (zero) too."""
     g = 3 if rows * cols > 1000 else 2               # batches: the scale's batch stride too
-    if per_column:
-        sf_batch, strides = _cast_transpose_scale_strides(monkeypatch, rows, cols, mn_major)
-        sf_flat = np.zeros(g * sf_batch, np.int64)
-        _, col_stride, block_stride, sf_cols = strides
-    t = np.arange(threads)
-    c_local, quad = (t % vecs_per_row) * vec, t // vecs_per_row
-    for r_blk in range(rb):
-        for c_blk in range(cb):
-            col = c_blk * group + c_local
-            smem = np.zeros((group, group // 4), np.int64)          # [column, word row]
-            for p in range(passes):
-                for i in range(4):
-                    r = r_blk * group + 4 * (quad + p * quads_per_pass) + i
-                    ok = (col < cols) & (r < rows)
-                    assert np.all(col[ok] + vec <= cols_pad)      # whole loads inside the padded row
-                    for rr, cc in zip(r[ok], col[ok]):
-                        loads[rr, cc:cc + vec] += 1
-                for j in range(vec):
-                    np.add.at(smem, (c_local + j, quad + p * quads_per_pass), 1)
-            assert np.all(smem == 1)
-            if per_column:
-                for j in range(vec):
-                    sel = (quad == 0) & (col + j < sf_cols)
-                    for b in range(g):
-                        np.add.at(sf_flat, b * sf_batch + (col[sel] + j) * col_stride + r_blk * block_stride, 1)
-                    real = sel & (col + j < cols)
-                    np.add.at(sf, (col[real] + j, r_blk), 1)
-            else:
-                sf[c_blk, r_blk] += 1
-            e = np.arange(group * 8)                                 # the store loop's pieces
-            c, piece = e // 8, e % 8
-            keep = (c_blk * group + c < cols) & (r_blk * group + piece * 16 < r_pad)
-            for cc, pc in zip(c[keep], piece[keep]):
-                start = r_blk * group + pc * 16
-                assert start + 16 <= r_pad                                 # inside the row
-                out[c_blk * group + cc, start:start + 16] += 1
-    assert np.all(loads[:, :cols] == 1)
-    assert np.all(out == 1) and np.all(sf == 1)
-    if per_column:
-        assert np.all(sf_flat == 1)            # the whole buffer (padding channels included), once
-
-
-def _cast_transpose_scale_strides(monkeypatch, rows, cols, mn_major):
-    """(buffer elements per batch, the kernel's (batch, column, block,
-    sf_cols) scale arguments) as the host packs them."""
-    captured = {}
-
-    class _Kern:
-        def __call__(self, grid, block, args, shared_mem=0):
-            captured["args"] = args
-
-    class _X:
-        shape, strides, itemsize, ndim = (1, rows, cols), (rows * cols * 2, cols * 2, 2), 2, 3
-        dtype = np.dtype(np.float16)
-
-    import cugemm8._jit as J
-    monkeypatch.setattr(J, "get_kernel", lambda header, name, **kw: _Kern())
-    Q._launch_cast_transpose(_X(), None, None, rows, cols, np.float32(1e-4), False, True, mn_major)
-    batch, col_stride, block_stride, sf_cols = (int(v) for v in captured["args"][-4:])
     rb = -(-rows // 128)
-    assert batch == (rb * Q.tma_aligned_size(cols) if mn_major else cols * rb)
-    assert sf_cols == (Q.tma_aligned_size(cols) if mn_major else cols)
-    return batch, (batch, col_stride, block_stride, sf_cols)
+    for cfg in _all_configs(itemsize, per_column):
+        for grid, num_sms in (("balanced", 1), ("full", 1), ("tiles", 132)):
+            cap = _launch_capture(monkeypatch, g, rows, cols, itemsize, per_column, mn_major,
+                                  cfg._replace(grid=grid), num_sms)
+            tiles = g * rb * -(-cols // cfg.tile_cols)
+            assert cap["grid"] == (cfg._replace(grid=grid).grid_size(tiles, num_sms),)
+            loaded, out, sf_flat, strides, row_bytes = _replay_cast_transpose(cap, itemsize, per_column)
+            assert loaded.max() == 1 and np.all(loaded[..., :-(-row_bytes // 4)] == 1), cfg
+            assert np.all(out == 1), cfg
+            assert np.all(sf_flat == 1), cfg      # the whole buffer (padding channels included), once
+            if per_column:
+                sf_batch, col_stride, block_stride, sf_cols = strides
+                assert sf_batch == (rb * Q.tma_aligned_size(cols) if mn_major else cols * rb)
+                assert sf_cols == (Q.tma_aligned_size(cols) if mn_major else cols)
+                if mn_major:
+                    assert (col_stride, block_stride) == (1, Q.tma_aligned_size(cols))
+                else:
+                    assert (col_stride, block_stride) == (rb, 1)
+
+
+def test_cast_transpose_launch_geometry(monkeypatch):
+    """The default configurations and the persistent grid: up to 3 CTAs per
+    SM of two-tile rings (65 KB of shared memory each, 80 registers), as
+    few CTAs as keep the rounds of tiles; the host's shared-memory count of
+    CTAs per SM is the kernel's kSmemCtas; a config that is not built is
+    refused."""
+    for dt, item in (("bfloat16", 2), ("float16", 2), ("float32", 4)):
+        for kind in ("transpose_column", "transpose_block"):
+            cfgs = Q.transpose_configs(kind, dt)
+            for cfg in cfgs:
+                assert 1 <= cfg.ctas_per_sm <= Q._transpose_smem_ctas(cfg, item), (kind, dt, cfg)
+                assert cfg.ctas_per_sm * Q._THREADS <= 2048
+    assert Q.transpose_configs("transpose_column", "bfloat16")[0] == (128, 2, 3, "balanced")
+    assert Q.transpose_configs("transpose_column", "float32")[0] == (64, 2, 3, "balanced")
+    assert Q.transpose_configs("transpose_block", "bfloat16")[0] == (128, 2, 3, "balanced")
+    assert Q.transpose_configs("transpose_block", "float32")[0] == (128, 1, 3, "balanced")
+    cfg = Q.TransposeConfig(128, 2, 3)
+    # [4096, 7168] bf16: 1792 tiles, 5 rounds of <= 396 CTAs -> 359 CTAs of 5 (three of 4);
+    # float32 (64-column tiles): 3584 tiles, 10 rounds -> 359; [4096, 2048]: 512 tiles, 2 rounds -> 256
+    assert [cfg.grid_size(t, 132) for t in (1792, 3584, 512, 396, 397, 5)] == [359, 359, 256, 396, 199, 5]
+    assert cfg._replace(grid="full").grid_size(1792, 132) == 396
+    assert cfg._replace(grid="tiles").grid_size(1792, 132) == 1792
+    for tiles in range(1, 3000, 7):
+        full, bal = cfg._replace(grid="full").grid_size(tiles, 132), cfg.grid_size(tiles, 132)
+        assert bal <= full and -(-tiles // bal) == -(-tiles // full)     # same rounds, fewer CTAs
+    assert Q._transpose_smem_ctas(Q.TransposeConfig(128, 2, 3), 2) == 3       # (64 KB + 128 B + 1 KB) x 3
+    assert Q._transpose_smem_ctas(Q.TransposeConfig(128, 1, 4), 2) == 6
+    cap = _launch_capture(monkeypatch, 1, 4096, 7168, 2, True)
+    assert cap["grid"] == (359,) and cap["smem"] == 65536 and cap["kw"]["smem_carveout"] == 100
+    assert int(cap["args"][8]) == 32 * 56                                  # tiles
+    cap = _launch_capture(monkeypatch, 1, 4096, 7168, 4, True)
+    assert cap["grid"] == (359,) and int(cap["args"][8]) == 32 * 112       # float32: 64-column tiles
+    cap = _launch_capture(monkeypatch, 1, 200, 100, 2, False, num_sms=132)
+    assert cap["grid"] == (2,)                                              # never more CTAs than tiles
+    with pytest.raises(ValueError, match="not one of the built"):
+        _launch_capture(monkeypatch, 1, 200, 100, 2, False, config=Q.TransposeConfig(64, 2, 6))
+    with pytest.raises(ValueError, match="grid must be one of"):
+        _launch_capture(monkeypatch, 1, 200, 100, 2, False, config=Q.TransposeConfig(128, 2, 3, "wide"))

@@ -10,6 +10,8 @@ outside (poisoned, guarded buffers); agreement with the forward block cast
 transposed; empty inputs and argument validation."""
 from __future__ import annotations
 
+import zlib
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -226,3 +228,69 @@ def test_empty_inputs_and_validation():
     x = cp.asarray(np.ones((4, 16), dtype=ml_dtypes.bfloat16))
     b, s = Q.per_token_cast_to_fp8_t(x)
     assert b.shape == (16, 16)
+
+
+def _config_cases():
+    """(kind, dtype, config) of every built configuration of the transposing casts."""
+    cases = []
+    for kind in ("transpose_column", "transpose_block"):
+        for dt in DTYPES:
+            for cfg in Q.transpose_configs(kind, dt):
+                cases.append(pytest.param(kind, dt, cfg, id=f"{kind}-{dt}-{cfg.label().replace(' ', '')}"))
+    return cases
+
+
+@pytest.mark.parametrize("kind,dtype_name,cfg", _config_cases())
+@pytest.mark.parametrize("grid", ["balanced", "full", "tiles"])
+def test_every_config_writes_exactly_its_outputs(kind, dtype_name, cfg, grid, monkeypatch):
+    """Each built configuration (tools/perf/sweep_cast_t.py times them), on
+    two SMs' worth of persistent CTAs (every ring slot reused many times, in
+    both persistent grid forms) and as one CTA per tile: into poisoned
+    guarded buffers, bit-identical to the
+    reference, padding zero, nothing outside; partial tiles in both
+    dimensions, batches, NaN / Inf columns and tiles, a NaN in the last
+    partial 16-row chunk (its rows past R must stay zero bytes); both scale
+    layouts of the per-column kind."""
+    cp = _cp()
+    monkeypatch.setattr(Q._device, "get_num_sms", lambda device_id=None: 2)
+    per_column = kind == "transpose_column"
+    cfg = cfg._replace(grid=grid)
+    rng = np.random.default_rng(zlib.crc32(repr((kind, dtype_name, tuple(cfg))).encode()))
+    for shape, pow2 in (((2, 300, 520), False), ((129, 257), True), ((1, 16), False)):
+        x = rng.standard_normal(shape) * 2.0 ** rng.integers(-8, 9, shape)
+        flat = x.reshape(-1, shape[-2], shape[-1])
+        if shape[-2] >= 300:
+            flat[-1, 290, 5] = np.nan          # last row block, chunk rows 288..303 with 12 valid
+            flat[0, 260, 9] = np.inf
+            flat[0, 100, 130] = -np.inf
+            flat[-1, :, 200] = np.nan          # a whole channel
+        with np.errstate(over="ignore"):
+            x = x.astype(DTYPES[dtype_name])
+        *lead, rows, cols = shape
+        g = lead[0] if lead else 1
+        rb, cb = -(-rows // 128), -(-cols // 128)
+        with np.errstate(all="ignore"):
+            ref = R.per_token_cast_to_fp8_t if per_column else R.cast_transpose_block_fp8
+            want_b, want_s = ref(x, pow2_scale=pow2)
+        xd = Q._in_place_or_copy(Q._pad_k("x", cp.asarray(x), cp), cp)
+        for mn_major in ((False, True) if per_column else (False,)):
+            if mn_major:
+                cpad = Q.tma_aligned_size(cols)
+                sf_shape = (g, rb, cpad)
+            else:
+                sf_shape = (g, cols, rb) if per_column else (g, cb, rb)
+            for poison_b, poison_s in ((0x5A, 0x7FC00001), (0xA5, 0x3F800000)):
+                b, b_whole = _guarded((g, cols, _pad16(rows)), np.uint8, poison_b)
+                sf, s_whole = _guarded(sf_shape, np.float32, poison_s)
+                Q._launch_cast_transpose(xd, b, sf, rows, cols, np.float32(1e-4), pow2, per_column, mn_major,
+                                         config=cfg)
+                host = b.get()
+                assert_payload_equal(host[..., :rows].reshape(want_b.shape), want_b, f"payload {shape}")
+                assert not host[..., rows:].any(), f"{shape}: padding bytes must be zero"
+                got_s = sf.get()
+                if mn_major:
+                    assert not got_s[..., cols:].any(), "padding channels must be zero"
+                    got_s = np.swapaxes(got_s[..., :cols], -1, -2)
+                assert_scales_equal(got_s.reshape(want_s.shape), want_s, f"scales {shape}")
+                _check_guards(b_whole, poison_b)
+                _check_guards(s_whole, poison_s)

@@ -443,7 +443,7 @@ def test_kernel_names():
     names = Q.all_kernel_names()
     assert len(names) == len(set(names)) == 24
     assert Q.kernel_name("transpose_column", "float32", False) == \
-        "cugemm8::cast_transpose_kernel<cugemm8::InDtype::kFloat32, false, true, 64, 2, 3>"
+        "cugemm8::cast_transpose_kernel<cugemm8::InDtype::kFloat32, false, true, 64, 1, 4>"
     assert Q.kernel_name("transpose_block", "bfloat16", True, Q.TransposeConfig(128, 1, 4)) == \
         "cugemm8::cast_transpose_kernel<cugemm8::InDtype::kBFloat16, true, false, 128, 1, 4>"
     with pytest.raises(ValueError, match="not one of the built"):
@@ -672,9 +672,9 @@ def test_cast_transpose_covers_each_element_and_output_once(rows, cols, itemsize
 
 
 def test_cast_transpose_launch_geometry(monkeypatch):
-    """The default configurations and the persistent grid: up to 3 CTAs per
-    SM of two-tile rings (65 KB of shared memory each, 80 registers), as
-    few CTAs as keep the rounds of tiles; the host's shared-memory count of
+    """The default configurations and the persistent grid (up to ctas_per_sm
+    CTAs per SM, as few CTAs as keep the rounds of tiles, for the non-default
+    forms); the host's shared-memory count of
     CTAs per SM is the kernel's kSmemCtas; a config that is not built is
     refused."""
     for dt, item in (("bfloat16", 2), ("float16", 2), ("float32", 4)):
@@ -683,9 +683,10 @@ def test_cast_transpose_launch_geometry(monkeypatch):
             for cfg in cfgs:
                 assert 1 <= cfg.ctas_per_sm <= Q._transpose_smem_ctas(cfg, item), (kind, dt, cfg)
                 assert cfg.ctas_per_sm * Q._THREADS <= 2048
-    assert Q.transpose_configs("transpose_column", "bfloat16")[0] == (128, 2, 3, "balanced")
-    assert Q.transpose_configs("transpose_column", "float32")[0] == (64, 2, 3, "balanced")
-    assert Q.transpose_configs("transpose_block", "bfloat16")[0] == (128, 2, 3, "balanced")
+    # the defaults: the sweep's fastest (benches/RESULTS.md v0.13): one tile per CTA, one CTA per tile
+    assert Q.transpose_configs("transpose_column", "bfloat16")[0] == (128, 1, 4, "tiles")
+    assert Q.transpose_configs("transpose_column", "float32")[0] == (64, 1, 4, "tiles")
+    assert Q.transpose_configs("transpose_block", "bfloat16")[0] == (128, 1, 4, "tiles")
     assert Q.transpose_configs("transpose_block", "float32")[0] == (128, 1, 3, "balanced")
     cfg = Q.TransposeConfig(128, 2, 3)
     # [4096, 7168] bf16: 1792 tiles, 5 rounds of <= 396 CTAs -> 359 CTAs of 5 (three of 4);
@@ -698,11 +699,13 @@ def test_cast_transpose_launch_geometry(monkeypatch):
         assert bal <= full and -(-tiles // bal) == -(-tiles // full)     # same rounds, fewer CTAs
     assert Q._transpose_smem_ctas(Q.TransposeConfig(128, 2, 3), 2) == 3       # (64 KB + 128 B + 1 KB) x 3
     assert Q._transpose_smem_ctas(Q.TransposeConfig(128, 1, 4), 2) == 6
-    cap = _launch_capture(monkeypatch, 1, 4096, 7168, 2, True)
-    assert cap["grid"] == (359,) and cap["smem"] == 65536 and cap["kw"]["smem_carveout"] == 100
+    cap = _launch_capture(monkeypatch, 1, 4096, 7168, 2, True)              # the default: a CTA per tile
+    assert cap["grid"] == (1792,) and cap["smem"] == 32768 and cap["kw"]["smem_carveout"] == 100
     assert int(cap["args"][8]) == 32 * 56                                  # tiles
     cap = _launch_capture(monkeypatch, 1, 4096, 7168, 4, True)
-    assert cap["grid"] == (359,) and int(cap["args"][8]) == 32 * 112       # float32: 64-column tiles
+    assert cap["grid"] == (3584,) and int(cap["args"][8]) == 32 * 112     # float32: 64-column tiles
+    cap = _launch_capture(monkeypatch, 1, 4096, 7168, 2, True, config=Q.TransposeConfig(128, 2, 3))
+    assert cap["grid"] == (359,) and cap["smem"] == 65536                   # persistent, balanced
     cap = _launch_capture(monkeypatch, 1, 200, 100, 2, False, num_sms=132)
     assert cap["grid"] == (2,)                                              # never more CTAs than tiles
     with pytest.raises(ValueError, match="not one of the built"):

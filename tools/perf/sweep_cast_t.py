@@ -79,13 +79,14 @@ CHECK_SHAPES = (((2, 300, 520), False), ((129, 257), True), ((1, 16), False), ((
 # ----------------------------------------------------------------------------
 
 def variants(kind: str, dtype_name: str) -> list:
-    """Every built configuration in both persistent grid forms (balanced, the
-    default, first), and the one-tile rings also as one CTA per tile."""
+    """Every built configuration in both persistent grid forms, and the
+    one-tile rings also as one CTA per tile; the default (as it launches)
+    first."""
     out = []
     for cfg in Q.transpose_configs(kind, dtype_name):
-        out += [cfg, cfg._replace(grid="full")]
-        if cfg.stages == 1:
-            out.append(cfg._replace(grid="tiles"))
+        forms = [cfg] + [cfg._replace(grid=g) for g in ("balanced", "full", "tiles")
+                         if g != cfg.grid and (g != "tiles" or cfg.stages == 1)]
+        out += [f for f in forms if f not in out]
     return out
 
 

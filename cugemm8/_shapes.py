@@ -55,8 +55,8 @@ KINDS = ("normal", "contiguous", "masked")
 #: ``wgrad`` (``cugemm8.fp8_gemm_nt`` with an FP32 ``d``: D ``[m, n]`` over K
 #: = ``k`` tokens) and ``k_grouped`` (``k_grouped_fp8_gemm_nt_contiguous``:
 #: ``num_groups`` outputs ``[m, n]``, ``k`` the total tokens, a multiple of
-#: 128).  Shapes files, ``cugemm8 warmup``, ``configs`` and ``check`` take
-#: them; ``cugemm8 tune`` covers :data:`KINDS` only.
+#: 128).  Shapes files, ``cugemm8 warmup``, ``configs``, ``check`` and
+#: ``tune`` take them.
 KINDS_1D1D = ("wgrad", "k_grouped")
 ALL_KINDS = KINDS + KINDS_1D1D
 

@@ -203,6 +203,37 @@ def choose(heuristic: Measured, measured: list, margin: float = MARGIN) -> Measu
     return best
 
 
+def candidates_1d1d(m: int, n: int, k: int, num_groups: int, num_sms: int, *, top: int = 6) -> list:
+    """The 1D1D GEMMs' candidates (the training kinds): the heuristic's pick
+    (the TMA epilogue allowed, ``c`` given: what an accumulating wgrad
+    launches), then the cost model's ``top`` best of every legal BLOCK_M
+    (128 and 256) x BLOCK_N of :data:`cugemm8._config_1d1d.BLOCK_N_CANDIDATES`,
+    each with the TMA epilogue where its BLOCK_N allows it and the most
+    stages that fit, on as many CTAs as it has tiles (up to ``num_sms``)."""
+    from . import _config_1d1d as C1
+    pick = C1.select_config(m, n, k, num_groups=num_groups, num_sms=num_sms, with_c=True)
+    kb_mean = _config._ceil_div(k, C1.BLOCK_K) / num_groups
+    scored = []
+    for bm in C1.BLOCK_M_CANDIDATES:
+        for bn in C1.BLOCK_N_CANDIDATES:
+            if not C1._registers_ok(bm, bn):
+                continue
+            tma = C1.tma_store_ok(bn)
+            st = C1.max_stages(bm, bn, tma_store=tma)
+            if not st:
+                continue
+            tiles = num_groups * _config._ceil_div(max(m, 1), bm) * _config._ceil_div(max(n, 8), bn)
+            grid = max(1, min(num_sms, tiles))
+            score, _ = C1._score(bm, bn, max(m, 1), max(n, 8), kb_mean, num_groups, grid, True, tma)
+            scored.append((score, C1.make_config(bm, bn, st, grid, tma)))
+    scored.sort(key=lambda e: e[0])
+    out = [pick]
+    for _, cfg in scored:
+        if cfg not in out and len(out) < top + 1:
+            out.append(cfg)
+    return out
+
+
 def now_utc() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 

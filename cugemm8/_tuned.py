@@ -47,7 +47,12 @@ File format (version 1)::
                   "us": 9.1, "heuristic": "64x32 s16 k2 sms132", "heuristic_us": 9.3,
                   "rows": 64, "candidates": 14, "tuned_at": "2026-12-01T15:00:00Z"}, ...]}
 ``config.num_math_warpgroups`` is optional (2 when absent: files written
-before v0.11).
+before v0.11).  The training kinds (``wgrad``, ``k_grouped``: the 1D1D
+GEMMs, :mod:`cugemm8._config_1d1d`) record ``{"block_m", "block_n",
+"num_stages", "num_sms", "tma_store"}`` instead; their M bucket is that of
+D's rows and their ``k`` the total tokens.  A ``tma_store`` entry serves
+only calls that allow the TMA epilogue (no ``c`` or ``c`` is ``d``, ``d``
+16-byte aligned); others keep the heuristic's pick.
 """
 from __future__ import annotations
 
@@ -59,7 +64,7 @@ import threading
 import warnings
 from pathlib import Path
 
-from . import _config
+from . import _config, _config_1d1d
 
 FORMAT = 1
 ENV_VAR = "CUGEMM8_TUNED_FILE"
@@ -67,6 +72,9 @@ _OFF = ("", "0", "off", "false", "no", "none")
 ENV_FIELDS = ("gpu", "sm_count", "num_sms", "driver", "nvrtc", "cupy", "sources", "cugemm8")
 CONFIG_FIELDS = ("block_m", "block_n", "num_stages", "num_multicast", "multicast_on_a",
                  "num_k_splits", "num_sms")
+#: The training kinds (1D1D GEMMs) and their config fields.
+KINDS_1D1D = ("wgrad", "k_grouped")
+CONFIG_FIELDS_1D1D = ("block_m", "block_n", "num_stages", "num_sms", "tma_store")
 
 _lock = threading.Lock()
 _state: dict = {"loaded": False, "path": None, "entries": [], "problems": []}
@@ -135,7 +143,7 @@ def _entry_problem(e) -> str | None:
         v = env[f]
         if not (isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool))):
             return f"env.{f} is not a string or an int"
-    if e.get("kind") not in _config.KINDS:
+    if e.get("kind") not in _config.KINDS + KINDS_1D1D:
         return f"unknown kind {e.get('kind')!r}"
     for f in ("n", "k", "num_groups", "m_bucket"):
         v = e.get(f)
@@ -146,6 +154,15 @@ def _entry_problem(e) -> str | None:
     cfg = e.get("config")
     if not isinstance(cfg, dict):
         return "config is not an object"
+    if e["kind"] in KINDS_1D1D:
+        for f in CONFIG_FIELDS_1D1D:
+            v = cfg.get(f)
+            if f == "tma_store":
+                if not isinstance(v, bool):
+                    return "config.tma_store is not a bool"
+            elif not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                return f"config.{f} is not a positive int"
+        return None
     for f in CONFIG_FIELDS:
         v = cfg.get(f)
         if f == "multicast_on_a":
@@ -231,11 +248,19 @@ def has_entries() -> bool:
         return _state["path"] is not None and bool(_state["index"])
 
 
-def config_from_entry(e: dict, k: int, available_sms: int) -> tuple[_config.GemmConfig | None, str]:
-    """Rebuild an entry's :class:`GemmConfig` for its ``k`` and check it
-    against the kernel's rules with ``available_sms`` SMs: (config, "") or
-    (None, why not)."""
+def config_from_entry(e: dict, k: int, available_sms: int):
+    """Rebuild an entry's :class:`GemmConfig` (a :class:`Gemm1d1dConfig` for
+    the training kinds) for its ``k`` and check it against the kernel's rules
+    with ``available_sms`` SMs: (config, "") or (None, why not)."""
     c = e["config"]
+    if e["kind"] in KINDS_1D1D:
+        try:
+            cfg = _config_1d1d.make_config(c["block_m"], c["block_n"], c["num_stages"], c["num_sms"],
+                                           c["tma_store"])
+            ok, why = _config_1d1d.is_legal(cfg, available_sms=available_sms)
+        except (TypeError, ValueError) as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+        return (cfg, "") if ok else (None, why)
     try:
         cfg = _config.make_config(e["kind"], c["block_m"], c["block_n"], c["num_stages"], k,
                                   num_multicast=c["num_multicast"], multicast_on_a=c["multicast_on_a"],
@@ -247,7 +272,7 @@ def config_from_entry(e: dict, k: int, available_sms: int) -> tuple[_config.Gemm
     return (cfg, "") if ok else (None, why)
 
 
-def lookup(kind: str, m: int, n: int, k: int, num_groups: int, env: dict) -> _config.GemmConfig | None:
+def lookup(kind: str, m: int, n: int, k: int, num_groups: int, env: dict):
     """The tuned configuration for this call in environment ``env``
     (:func:`environment`), or None (no file, no matching entry, or an entry
     that is not legal here)."""
@@ -316,15 +341,20 @@ def _remove_stale_temporaries(path: Path) -> None:
                 tmp.unlink()
 
 
-def entry_for(kind: str, m: int, n: int, k: int, num_groups: int, env: dict, cfg: _config.GemmConfig,
-              **extra) -> dict:
-    """A file entry recording ``cfg`` for this shape and environment."""
+def entry_for(kind: str, m: int, n: int, k: int, num_groups: int, env: dict, cfg, **extra) -> dict:
+    """A file entry recording ``cfg`` (a :class:`GemmConfig`, or a
+    :class:`Gemm1d1dConfig` for the training kinds) for this shape and
+    environment."""
+    if kind in KINDS_1D1D:
+        config = {"block_m": cfg.block_m, "block_n": cfg.block_n, "num_stages": cfg.num_stages,
+                  "num_sms": cfg.num_sms, "tma_store": bool(cfg.tma_store)}
+    else:
+        config = {"block_m": cfg.block_m, "block_n": cfg.block_n, "num_stages": cfg.num_stages,
+                  "num_multicast": cfg.num_multicast, "multicast_on_a": bool(cfg.multicast_on_a),
+                  "num_k_splits": cfg.num_k_splits, "num_sms": cfg.num_sms,
+                  "num_math_warpgroups": cfg.num_math_warpgroups}
     e = {"env": {f: env[f] for f in ENV_FIELDS}, "kind": kind, "n": int(n), "k": int(k),
-         "num_groups": int(num_groups), "m_bucket": m_bucket(m),
-         "config": {"block_m": cfg.block_m, "block_n": cfg.block_n, "num_stages": cfg.num_stages,
-                    "num_multicast": cfg.num_multicast, "multicast_on_a": bool(cfg.multicast_on_a),
-                    "num_k_splits": cfg.num_k_splits, "num_sms": cfg.num_sms,
-                    "num_math_warpgroups": cfg.num_math_warpgroups}}
+         "num_groups": int(num_groups), "m_bucket": m_bucket(m), "config": config}
     e.update(extra)
     return e
 

@@ -515,6 +515,8 @@ def reload_tuned_configs() -> None:
     """
     _tuned.reload()
     _tuned_envs.clear()
+    from . import gemm_1d1d
+    gemm_1d1d._tuned_envs.clear()
     clear_launch_cache()
 
 

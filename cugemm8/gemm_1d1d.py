@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from . import _config, _config_1d1d, _device, _jit, _tma
+from . import _config, _config_1d1d, _device, _jit, _tma, _tuned
 from ._checks import check_device_array, refuse_temporary_under_capture
 from ._launch import Launcher
 from .gemm import (_INT32_MAX, _as_fp8, _check_f32, _check_int32, _check_placement, _first_overlap,
@@ -174,20 +174,42 @@ def get_gemm_1d1d_config(m: int, n: int, k: int, *, num_groups: int = 1, with_c:
     the cost model are in ``cugemm8/_config_1d1d.py``); ``with_c``: whether
     ``c`` is given; ``tma_store``: whether the TMA epilogue is allowed (the
     ops pass False when ``c`` is given and is not ``d``, or ``d`` is not
-    16-byte aligned).  ``num_sms`` defaults to the current device's budget
+    16-byte aligned).  A matching entry of the tuned file (``cugemm8 tune``,
+    kinds ``wgrad`` / ``k_grouped``; :mod:`cugemm8._tuned`) is used instead
+    of the heuristic's pick when the call allows its epilogue (an entry with
+    the TMA epilogue needs ``tma_store``).  ``num_sms`` defaults to the current device's budget
     (:func:`cugemm8.set_num_sms`), which needs a GPU: without one, pass
     ``num_sms``, or this raises :class:`cugemm8.DeviceError`.  Raises
     ``ValueError`` / ``TypeError`` for negative or non-integer sizes."""
     if _forced:
         return _forced[-1]
+    device_id = None
     if num_sms is None:
-        num_sms = _device.get_num_sms(_device.require_hopper())
+        device_id = _device.require_hopper()
+        num_sms = _device.get_num_sms(device_id)
+    if device_id is not None and _tuned.tuned_path() is not None and _tuned.has_entries():
+        env = _tuned_envs.get((device_id, num_sms))
+        if env is None:
+            env = _tuned_envs[(device_id, num_sms)] = _tuned.environment(num_sms, device_id)
+        cfg = _tuned.lookup("k_grouped" if num_groups > 1 else "wgrad", m, n, k, num_groups, env)
+        if cfg is not None and (tma_store or not cfg.tma_store):
+            return cfg
     return _config_1d1d.select_config(m, n, k, num_groups=num_groups, num_sms=num_sms, with_c=with_c,
                                       tma_store=tma_store)
 
 
+_tuned_envs: dict = {}        # (device, SM budget) -> cugemm8._tuned.environment (cleared by reload_tuned_configs)
+
+
 def _launch(cfg, gemm_type: int, m: int, n: int, k_total: int, num_groups: int, a, sfa, b, sfb, d, c,
             ks_tensor) -> None:
+    _prepare_launch(cfg, gemm_type, m, n, k_total, num_groups, a, sfa, b, sfb, d, c, ks_tensor)()
+
+
+def _prepare_launch(cfg, gemm_type: int, m: int, n: int, k_total: int, num_groups: int, a, sfa, b, sfb, d, c,
+                    ks_tensor) -> Launcher:
+    """Compile (or fetch) the kernel and encode its descriptors: a
+    :class:`cugemm8._launch.Launcher` of this call (``cugemm8 tune`` times it)."""
     kb = -(-k_total // 128)
     kern = _jit.get_kernel(_HEADER, _kernel_name(cfg, n, gemm_type, num_groups), max_dynamic_smem=cfg.smem_bytes)
     a_row = _map_stride(a, 0, k_total)
@@ -215,7 +237,7 @@ def _launch(cfg, gemm_type: int, m: int, n: int, k_total: int, num_groups: int, 
             np.uint64(ks_tensor.data.ptr) if ks_tensor is not None else _NULL,
             np.uint64(d.data.ptr), np.uint64(c.data.ptr) if c is not None else _NULL, np.uint32(n),
             tmap_a, tmap_b, scale_map(sfa, m, cfg.block_m), scale_map(sfb, n, cfg.block_n), tmap_d)
-    Launcher(kern, (cfg.num_sms,), (384,), args, cfg.smem_bytes)()
+    return Launcher(kern, (cfg.num_sms,), (384,), args, cfg.smem_bytes)
 
 
 def fp8_gemm_nt(a: tuple[cupy.ndarray, cupy.ndarray], b: tuple[cupy.ndarray, cupy.ndarray],

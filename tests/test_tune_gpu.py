@@ -132,3 +132,41 @@ def test_tune_end_to_end_writes_entries_the_ops_then_use(cp, rng, tuned_file, tm
     assert main(["configs", "--shapes", str(shapes), "--num-sms", str(cugemm8.get_num_sms())]) == 0
     shown = capsys.readouterr().out
     assert "tuned configurations" in shown and "used" in shown
+
+
+def test_tune_training_shapes_end_to_end(cp, rng, tuned_file, tmp_path, capsys, monkeypatch):
+    """The training kinds: candidates checked without c, timed accumulating
+    in place; the entries written are used by fp8_gemm_nt /
+    k_grouped_fp8_gemm_nt_contiguous, whose results stay bit-identical to
+    the heuristic's (every 1D1D tile promotes the same blocks in the same
+    order)."""
+    from cugemm8 import _config_1d1d, gemm_1d1d as G1
+    from cugemm8.cli._main import main
+    m, n, k = 576, 1024, 2048
+    d_heur = cp.full((m, n), cp.nan, cp.float32)
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text(f"wgrad {m} {n} {k}\nk_grouped 512 768 {4 * 1024} 4\n")
+    report = tmp_path / "report.json"
+    rc = main(["tune", "--shapes", str(shapes), "--budget-s", "60", "--rounds", "2", "--reps", "3",
+               "--top", "3", "--json", str(report)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    data = json.loads(report.read_text())
+    assert [s["kind"] for s in data["shapes"]] == ["wgrad", "k_grouped"]
+    for s in data["shapes"]:
+        assert s["timed"] >= 2 and all(not r["status"].startswith("wrong") for r in s["rows"]), s["rows"]
+    entries, problems = _tuned.read_file(tuned_file)
+    assert sorted(e["kind"] for e in entries) == ["k_grouped", "wgrad"] and not problems
+    # the op launches the recorded pick, with the same bits as the heuristic's
+    want = next(s["tuned"] for s in data["shapes"] if s["kind"] == "wgrad")
+    x = cp.asarray(rng.standard_normal((k, m)).astype("float32"))
+    y = cp.asarray(rng.standard_normal((k, n)).astype("float32"))
+    qa = cugemm8.per_token_cast_to_fp8_t(x, mn_major=True)
+    qb = cugemm8.per_token_cast_to_fp8_t(y, mn_major=True)
+    assert str(G1.get_gemm_1d1d_config(m, n, k, with_c=True)) == want
+    d_tuned = cp.full((m, n), cp.nan, cp.float32)
+    cugemm8.fp8_gemm_nt(qa, qb, d_tuned)
+    heur = _config_1d1d.select_config(m, n, k, num_sms=cugemm8.get_num_sms(), with_c=True)
+    with G1._forced_config(heur):
+        cugemm8.fp8_gemm_nt(qa, qb, d_heur)
+    assert bool(cp.all(d_tuned.view(cp.uint32) == d_heur.view(cp.uint32)))

@@ -534,3 +534,62 @@ def test_corrupt_file_never_breaks_get_gemm_config_on_a_cpu(tuned_file):
         assert G.get_gemm_config("normal", 64, 2112, 7168, num_sms=132) == \
                _config.select_config("normal", 64, 2112, 7168, num_sms=132)
     assert os.path.exists(tuned_file)
+
+
+# ----------------------------------------------------------------------------
+# the training kinds (1D1D GEMMs)
+# ----------------------------------------------------------------------------
+
+def _cfg_1d1d(bm=128, bn=128, stages=5, sms=132, tma=True):
+    from cugemm8 import _config_1d1d
+    return _config_1d1d.make_config(bm, bn, stages, sms, tma)
+
+
+def test_a_training_entry_round_trips_and_is_validated(tuned_file):
+    from cugemm8 import _config_1d1d
+    cfg = _cfg_1d1d()
+    e = _tuned.entry_for("wgrad", 2112, 7168, 4096, 1, ENV, cfg, us=140.0)
+    assert e["config"] == {"block_m": 128, "block_n": 128, "num_stages": 5, "num_sms": 132, "tma_store": True}
+    _tuned.write_entries([e, _tuned.entry_for("k_grouped", 4096, 7168, 32768, 4, ENV, _cfg_1d1d(bn=160))],
+                         tuned_file)
+    _tuned.reload()
+    assert _tuned.lookup("wgrad", 2112, 7168, 4096, 1, ENV) == cfg
+    assert _tuned.lookup("wgrad", 3000, 7168, 4096, 1, ENV) == cfg                # same M bucket (4096)
+    assert _tuned.lookup("wgrad", 2048, 7168, 4096, 1, ENV) is None               # another bucket
+    assert _tuned.lookup("wgrad", 2112, 7168, 8192, 1, ENV) is None               # k (tokens) is exact
+    assert _tuned.lookup("k_grouped", 4096, 7168, 32768, 4, ENV).block_n == 160
+    assert isinstance(_tuned.lookup("k_grouped", 4096, 7168, 32768, 4, ENV), _config_1d1d.Gemm1d1dConfig)
+    # malformed and illegal training entries are skipped
+    for bad in ({"tma_store": 1}, {"num_stages": 0}, {"block_n": 144, "tma_store": True}):
+        x = _tuned.entry_for("wgrad", 64, 512, 1024, 1, ENV, _cfg_1d1d())
+        x["config"].update(bad)
+        why = _tuned._entry_problem(x)
+        cfg2, why2 = _tuned.config_from_entry(x, 1024, 132) if why is None else (None, why)
+        assert cfg2 is None and why2, bad
+
+
+def test_the_1d1d_ops_use_a_tuned_entry_only_where_its_epilogue_is_allowed(tuned_file, monkeypatch):
+    from cugemm8 import _device, gemm_1d1d as G1
+    monkeypatch.setattr(_tuned, "environment", lambda num_sms, device_id=None: dict(ENV, num_sms=num_sms))
+    monkeypatch.setattr(_device, "require_hopper", lambda device_id=None: 0)
+    monkeypatch.setattr(_device, "get_num_sms", lambda device_id=None: 132)
+    heur = G1.get_gemm_1d1d_config(2112, 7168, 4096, with_c=True)
+    tuned = _cfg_1d1d(bn=96, stages=6)
+    assert tuned != heur
+    _tuned.write_entries([_tuned.entry_for("wgrad", 2112, 7168, 4096, 1, ENV, tuned)], tuned_file)
+    G.reload_tuned_configs()
+    assert G1.get_gemm_1d1d_config(2112, 7168, 4096, with_c=True) == tuned
+    # c another array (no TMA epilogue): the tuned TMA entry does not apply
+    assert not G1.get_gemm_1d1d_config(2112, 7168, 4096, with_c=True, tma_store=False).tma_store
+    # with num_sms given (no device asked) the heuristic's pick, as for the 1D2D ops
+    assert G1.get_gemm_1d1d_config(2112, 7168, 4096, with_c=True, num_sms=132) == heur
+
+
+def test_training_candidates_start_with_the_heuristic_and_are_legal():
+    from cugemm8 import _config_1d1d
+    for m, n, k, g in ((2112, 7168, 4096, 1), (32768, 512, 4096, 1), (4096, 7168, 8 * 4096, 8), (100, 8, 128, 1)):
+        cands = _tune.candidates_1d1d(m, n, k, g, 132, top=5)
+        assert cands[0] == _config_1d1d.select_config(m, n, k, num_groups=g, num_sms=132, with_c=True)
+        assert len(cands) == len(set(cands)) <= 6
+        for c in cands:
+            assert _config_1d1d.is_legal(c, available_sms=132) == (True, "ok"), c

@@ -29,7 +29,7 @@ def cmd_configs(args) -> int:
     except (TypeError, ValueError) as exc:
         print(f"cugemm8 configs: {exc}", file=sys.stderr)
         return 2
-    _print_tuned(cases, args.num_sms)
+    _print_tuned(list(cases) + [(s.kind, s.num_groups, s.m, s.n, s.k) for s in training], args.num_sms)
     return 0
 
 
@@ -63,7 +63,7 @@ def tuned_rows(cases, num_sms: int, entries: list, env_here: dict | None) -> lis
     one, their recorded times, and whether the entry applies here (its
     environment equals ``env_here``; without a GPU it cannot be checked) or
     which environment field makes it stale."""
-    from .. import _config, _tuned
+    from .. import _config, _config_1d1d, _tuned
     rows = []
     for kind, g, m, n, k in cases:
         key = _tuned.shape_key(kind, n, k, g, m)
@@ -86,12 +86,17 @@ def tuned_rows(cases, num_sms: int, entries: list, env_here: dict | None) -> lis
         else:
             diff = [f for f in _tuned.ENV_FIELDS if e["env"].get(f) != env_here[f]]
             status = "stale: " + ", ".join(diff) + " differ"
-        heur = _config.select_config(kind, m, n, k, num_groups=g, num_sms=num_sms)
         c = e["config"]
-        tag = " k2" if c["num_k_splits"] == 2 else (
-            (" c2A" if c["multicast_on_a"] else " c2B") if c["num_multicast"] == 2 else "")
-        wg = " w1" if c.get("num_math_warpgroups", 2) == 1 else ""
-        tuned = f"{c['block_m']}x{c['block_n']} s{c['num_stages']}{wg}{tag} sms{c['num_sms']}"
+        if kind in _tuned.KINDS_1D1D:
+            heur = _config_1d1d.select_config(m, n, k, num_groups=g, num_sms=num_sms, with_c=True)
+            tuned = (f"{c['block_m']}x{c['block_n']} s{c['num_stages']} sms{c['num_sms']}"
+                     + (" tma" if c["tma_store"] else ""))
+        else:
+            heur = _config.select_config(kind, m, n, k, num_groups=g, num_sms=num_sms)
+            tag = " k2" if c["num_k_splits"] == 2 else (
+                (" c2A" if c["multicast_on_a"] else " c2B") if c["num_multicast"] == 2 else "")
+            wg = " w1" if c.get("num_math_warpgroups", 2) == 1 else ""
+            tuned = f"{c['block_m']}x{c['block_n']} s{c['num_stages']}{wg}{tag} sms{c['num_sms']}"
         us = e.get("us")
         h_us = e.get("heuristic_us")
         rows.append((kind, str(g), str(m), str(n), str(k), str(heur), tuned, _us(h_us), _us(us),

@@ -11,6 +11,10 @@ reference (``calc_diff`` < 1e-3 on the valid rows), a wrong one is never
 timed or chosen; then CUDA-event timings with a 256 MB L2 flush before each
 repetition, interleaved across candidates in rounds, median per candidate.
 The heuristic's pick stays unless a candidate is more than 1 % faster.
+The training kinds (``wgrad``, ``k_grouped``: the 1D1D GEMMs) are timed
+accumulating in place (``c = d``, the gradient-accumulation call; each
+candidate first checked without ``c``) over
+:func:`cugemm8._tune.candidates_1d1d`.
 ``--budget-s`` is a soft limit on the run: compiling is never cut short,
 and a shape whose share of the time runs out keeps what its first round
 measured.
@@ -24,7 +28,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .._shapes import KINDS, Shape
+from .._shapes import ALL_KINDS, KINDS_1D1D, Shape
 from ._common import (_nonnegative_int, _one_line, _positive_int, _positive_seconds, _progress, gpu_reason,
                       load_shapes_or_report, nvrtc_reason, print_table)
 
@@ -48,6 +52,15 @@ def _data_shape(s: Shape) -> Shape:
     return s
 
 
+def _launcher_1d1d(cfg, s: Shape, ops: dict, sfa, sfb, out, c):
+    """The 1D1D op's launch of ``cfg`` (``c``: None, or ``out`` to accumulate
+    in place; ``sfa`` / ``sfb`` MN-major), not run."""
+    from .. import gemm_1d1d as G1
+    gt = G1._GROUPED_K if s.kind == "k_grouped" else G1._NORMAL
+    return G1._prepare_launch(cfg, gt, s.m, s.n, s.k, s.num_groups, ops["a"], sfa, ops["b"], sfb, out, c,
+                              ops.get("ks_tensor"))
+
+
 def _launcher(cfg, s: Shape, ops: dict, sfa, out):
     """The op's launch of ``cfg`` on these operands (not run)."""
     from .. import gemm as G
@@ -68,26 +81,15 @@ def cmd_tune(args) -> int:
     shapes = load_shapes_or_report(args.shapes, "tune")
     if shapes is None:
         return 2
-    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] or list(KINDS)
-    from .._shapes import KINDS_1D1D
-    training = [k for k in kinds if k in KINDS_1D1D]
-    if training:
-        print(f"cugemm8 tune: {', '.join(training)} (the training GEMMs) cannot be tuned yet; "
-              f"tune covers {', '.join(KINDS)}", file=sys.stderr)
-        return 2
-    bad = [k for k in kinds if k not in KINDS]
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] or list(ALL_KINDS)
+    bad = [k for k in kinds if k not in ALL_KINDS]
     if bad:
-        print(f"cugemm8 tune: unknown kind(s) {', '.join(bad)}; choose from {', '.join(KINDS)}",
+        print(f"cugemm8 tune: unknown kind(s) {', '.join(bad)}; choose from {', '.join(ALL_KINDS)}",
               file=sys.stderr)
         return 2
-    skipped = [s for s in shapes if s.kind not in KINDS]
-    if skipped:
-        print(f"cugemm8 tune: skipping {len(skipped)} training shape(s) ({', '.join(sorted({s.kind for s in skipped}))}): "
-              f"tune covers the 1D2D kinds {', '.join(KINDS)}", file=sys.stderr)
     shapes = [s for s in shapes if s.kind in kinds]
     if not shapes:
-        print("cugemm8 tune: no shapes of the chosen kinds" + (" (only training shapes, which tune skips)"
-              if skipped and not args.kinds else ""), file=sys.stderr)
+        print("cugemm8 tune: no shapes of the chosen kinds", file=sys.stderr)
         return 2
     reason = gpu_reason() or nvrtc_reason()
     if reason is not None:
@@ -97,7 +99,7 @@ def cmd_tune(args) -> int:
 
     import cugemm8
 
-    from .. import _jit, _tune, _tuned, gemm as G
+    from .. import _jit, _tune, _tuned, gemm as G, gemm_1d1d as G1
     from ._data import bf16_to_f64, calc_diff, make_l2_flush, make_operands, poisoned_out, reference
 
     path = Path(args.out) if args.out else _tuned.tuned_path()
@@ -128,24 +130,32 @@ def cmd_tune(args) -> int:
     for s in shapes:
         m = _op_m(s)
         try:
-            cands = _tune.candidates(s.kind, m, s.n, s.k, s.num_groups, num_sms,
-                                     top=args.top, split_k=args.split_k)
+            if s.kind in KINDS_1D1D:
+                cands = _tune.candidates_1d1d(m, s.n, s.k, s.num_groups, num_sms, top=args.top)
+            else:
+                cands = _tune.candidates(s.kind, m, s.n, s.k, s.num_groups, num_sms,
+                                         top=args.top, split_k=args.split_k)
         except (TypeError, ValueError) as exc:
             print(f"cugemm8 tune: {s.kind} {s.label()}: {exc}", file=sys.stderr)
             return 2
         plan.append((s, cands))
 
+    def kernel_name(c, s):
+        if s.kind in KINDS_1D1D:
+            return G1._kernel_name(c, s.n, G1._GROUPED_K if s.kind == "k_grouped" else G1._NORMAL, s.num_groups)
+        return G._kernel_name(c, s.n, s.k, G._GEMM_TYPE[s.kind], s.num_groups)
+
     names = {}
     for s, cands in plan:
         for c in cands:
-            names[G._kernel_name(c, s.n, s.k, G._GEMM_TYPE[s.kind], s.num_groups)] = c.smem_bytes
+            names[kernel_name(c, s)] = (c.smem_bytes, G1._HEADER if s.kind in KINDS_1D1D else G._HEADER)
     device_id = cp.cuda.Device().id
     advance, close = _progress(len(names), "cugemm8 tune: compiling")
 
     def build(item):
         with cp.cuda.Device(device_id):
             try:
-                _jit.get_kernel(G._HEADER, item[0], max_dynamic_smem=item[1])
+                _jit.get_kernel(item[1][1], item[0], max_dynamic_smem=item[1][0])
                 return None
             except Exception as exc:          # reported per candidate below
                 return f"{type(exc).__name__}: {exc}"
@@ -167,20 +177,28 @@ def cmd_tune(args) -> int:
         ref, _ = reference(ops, _data_shape(s), cp)
         valid = ops["valid"]
         sfa = cugemm8.get_col_major_tma_aligned_tensor(ops["sfa"])
+        sfb = cugemm8.get_col_major_tma_aligned_tensor(ops["sfb"]) if s.kind in KINDS_1D1D else None
         runs, measured = {}, []
         for c in cands:
             meas = _tune.Measured(c)
             measured.append(meas)
-            name = G._kernel_name(c, s.n, s.k, G._GEMM_TYPE[s.kind], s.num_groups)
+            name = kernel_name(c, s)
             if name in compile_errors:
                 meas.status = "error " + _one_line(compile_errors[name])[:80]
                 continue
             try:
                 out = poisoned_out(_data_shape(s), ops, cp)
-                launch = _launcher(c, s, ops, sfa, out)
-                launch()
+                if s.kind in KINDS_1D1D:
+                    _launcher_1d1d(c, s, ops, sfa, sfb, out, None)()      # checked without c
+                    launch = _launcher_1d1d(c, s, ops, sfa, sfb, out, out)   # timed accumulating in place
+                    got = out.astype(cp.float64)
+                else:
+                    launch = _launcher(c, s, ops, sfa, out)
+                    launch()
+                    got = None
                 cp.cuda.runtime.deviceSynchronize()
-                diff = calc_diff(bf16_to_f64(out, cp)[valid], ref[valid], cp)
+                got = bf16_to_f64(out, cp) if got is None else got
+                diff = calc_diff(got[valid], ref[valid], cp)
             except Exception as exc:
                 meas.status = f"error {type(exc).__name__}: {_one_line(exc)}"[:100]
                 continue

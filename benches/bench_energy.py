@@ -98,8 +98,10 @@ def sustained(cp, fn, seconds: float, nv: Nvml) -> dict:
     ms = cp.cuda.get_elapsed_time(start, stop)
     out = {"calls": n, "us": ms * 1e3 / n}
     if e0 is not None:
-        joules = (e1 - e0) / 1e3
-        out.update(j=joules / n, watts=joules / (ms / 1e3), mhz=statistics.median(clocks) if clocks else None)
+        out["mhz"] = statistics.median(clocks) if clocks else None
+        if e1 > e0:                    # a counter that did not tick gives no reading, not 0 J
+            joules = (e1 - e0) / 1e3
+            out.update(j=joules / n, watts=joules / (ms / 1e3))
     return out
 
 
@@ -107,7 +109,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ms", default="4096", help="M values")
     p.add_argument("--seconds", type=float, default=1.0, help="length of each sustained loop")
-    p.add_argument("--rounds", type=int, default=2, help="alternations of the libraries per shape")
+    p.add_argument("--rounds", type=_positive_int, default=2, help="alternations of the libraries per shape")
     p.add_argument("--deepgemm", action="store_true", help="time DeepGEMM's fp8_gemm_nt beside")
     p.add_argument("--configs", default="", help="forced cugemm8 configs to run too, comma-separated")
     p.add_argument("--json", default=None)
@@ -209,6 +211,13 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps({"seconds": args.seconds, "rounds": args.rounds,
                                                "nvml": nv.reason or "ok", "records": records}, indent=1))
     return 0
+
+
+def _positive_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
 
 
 def _ratio(med: dict, name: str, key: str) -> str:

@@ -27,10 +27,11 @@ per token, one warp per run of 128-group chunks of a row with a
 warp-shuffle amax; per block, one 256-thread CTA per 128x128 tile held in
 registers; the backward pass's transposing casts
 (:func:`per_token_cast_to_fp8_t`, :func:`cast_transpose_block_fp8`),
-persistent 256-thread CTAs (up to three per SM by default) staging 128-row
-tiles in shared memory with cp.async (a two-tile ring: the next tile loads
-while this one is reduced and cast), each column's 16-row runs leaving
-transposed as 16-byte stores (:func:`transpose_configs`).  Everything runs
+256-thread CTAs staging 128-row tiles in shared memory with cp.async (by
+default one 32 KB tile per CTA, one CTA per tile, four CTAs per SM; the
+float32 per-tile cast one 64 KB tile per CTA, three per SM, persistent),
+each column's 16-row runs leaving transposed as 16-byte stores
+(:func:`transpose_configs`).  Everything runs
 on CuPy's current stream without host synchronisation.
 """
 from __future__ import annotations

@@ -603,3 +603,31 @@ def _group_slices(ks):
     for ke in ks:
         yield slice(off, off + ke), slice(off // 128, (off + ke) // 128), ke
         off += ke
+
+
+@pytest.mark.parametrize("shape", [cli.Shape("wgrad", 7168, 2048, 4096), cli.Shape("k_grouped", 4096, 7168, 8192, 4),
+                                   cli.Shape("wgrad", 100, 264, 1040)])
+def test_warmup_plans_every_1d1d_kernel_the_ops_launch(shape):
+    """Each call form of a training shape (no c, c = d: the TMA epilogue; c
+    another array, or d 8 but not 16-byte aligned: the register epilogue,
+    another kernel) must find its kernel warmed."""
+    from cugemm8 import gemm_1d1d as G1
+    jobs, errors = cli.plan_warmup([shape], 132)
+    assert not errors
+    planned = {j.name for j in jobs}
+    gt = G1._GROUPED_K if shape.kind == "k_grouped" else G1._NORMAL
+    for with_c, tma in ((False, True), (True, True), (True, False), (False, False)):
+        cfg = G1.get_gemm_1d1d_config(shape.m, shape.n, shape.k, num_groups=shape.num_groups, with_c=with_c,
+                                      num_sms=132, tma_store=tma)
+        assert G1._kernel_name(cfg, shape.n, gt, shape.num_groups) in planned, (with_c, tma, str(cfg))
+
+
+def test_configs_training_table_shows_the_register_epilogue_pick(tmp_path, capsys):
+    """c another array takes the register epilogue, another kernel than c = d's."""
+    path = tmp_path / "train.txt"
+    path.write_text("wgrad 7168 2048 4096\n")
+    assert cli.main(["configs", "--shapes", str(path), "--num-sms", "132"]) == 0
+    out = capsys.readouterr().out
+    from cugemm8 import _config_1d1d as C1
+    other = C1.select_config(7168, 2048, 4096, num_sms=132, with_c=True, tma_store=False)
+    assert not other.tma_store and str(other) in out, out

@@ -35,16 +35,20 @@ def cmd_configs(args) -> int:
 
 def training_table(shapes, num_sms: int) -> str:
     """The 1D1D kernel's picks (cugemm8/_config_1d1d.py) for the training
-    shapes (``wgrad``, ``k_grouped``): the config without ``c``, and in
-    "with c" the one chosen when ``c`` is given ("same" when they agree)."""
+    shapes (``wgrad``, ``k_grouped``): the config without ``c``, in "c = d"
+    the one chosen for in-place accumulation (the TMA epilogue's reduce-add)
+    and in "c not d" the one for ``c`` another array (the register
+    epilogue); "same" when one agrees with the config without ``c``."""
     from .. import _config, _config_1d1d
-    head = ("kind", "G", "m", "n", "k", "config (no c)", "with c", "smem")
+    head = ("kind", "G", "m", "n", "k", "config (no c)", "c = d", "c not d", "smem")
     rows = []
     for s in shapes:
         cfg = _config_1d1d.select_config(s.m, s.n, s.k, num_groups=s.num_groups, num_sms=num_sms)
-        with_c = _config_1d1d.select_config(s.m, s.n, s.k, num_groups=s.num_groups, num_sms=num_sms, with_c=True)
+        in_place = _config_1d1d.select_config(s.m, s.n, s.k, num_groups=s.num_groups, num_sms=num_sms, with_c=True)
+        other_c = _config_1d1d.select_config(s.m, s.n, s.k, num_groups=s.num_groups, num_sms=num_sms, with_c=True,
+                                             tma_store=False)
         rows.append((s.kind, str(s.num_groups), str(s.m), str(s.n), str(s.k), str(cfg),
-                     "same" if with_c == cfg else str(with_c), str(cfg.smem_bytes)))
+                     *("same" if c == cfg else str(c) for c in (in_place, other_c)), str(cfg.smem_bytes)))
     return _config.text_table(head, rows)
 
 

@@ -49,8 +49,10 @@ def _header(job: WarmupJob) -> str:
 def plan_warmup(shapes: list[Shape], num_sms: int) -> tuple[list[WarmupJob], list[str]]:
     """Distinct GEMM kernels the shapes need, and one error line per bad shape.
 
-    A training shape (``wgrad``, ``k_grouped``) needs the 1D1D kernel the ops
-    pick with and without ``c`` (the choice may differ)."""
+    A training shape (``wgrad``, ``k_grouped``) needs the 1D1D kernels the ops
+    pick without ``c`` and with ``c = d`` (the TMA epilogue), and with ``c``
+    another array or ``d`` not 16-byte aligned (the register epilogue); the
+    choices may differ."""
     from .. import _config, _config_1d1d, gemm, gemm_1d1d
     jobs: dict[str, WarmupJob] = {}
     errors = []
@@ -58,9 +60,9 @@ def plan_warmup(shapes: list[Shape], num_sms: int) -> tuple[list[WarmupJob], lis
         try:
             if s.kind in ("wgrad", "k_grouped"):
                 todo = []
-                for with_c in (False, True):
+                for with_c, tma in ((False, True), (True, True), (True, False), (False, False)):
                     cfg = _config_1d1d.select_config(s.m, s.n, s.k, num_groups=s.num_groups, num_sms=num_sms,
-                                                     with_c=with_c)
+                                                     with_c=with_c, tma_store=tma)
                     gt = gemm_1d1d._GROUPED_K if s.kind == "k_grouped" else gemm_1d1d._NORMAL
                     todo.append((gemm_1d1d._kernel_name(cfg, s.n, gt, s.num_groups), cfg, gemm_1d1d._HEADER))
             else:

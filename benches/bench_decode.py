@@ -73,16 +73,20 @@ def sweep_candidates(shape: Shape, num_sms: int) -> list:
 
 
 def multicast_candidates(shape: Shape, num_sms: int) -> list:
-    """The pick's TMA-multicast twins (clusters of 2, A or B multicast; a
-    split-K pick's tile without the split, since a cluster either splits K
-    or multicasts), for ``--sweep-kind multicast``."""
+    """The pick's TMA-multicast twins (clusters of 2, A multicast, and B
+    multicast where the pick has at least two M blocks to pair; a split-K
+    pick's tile without the split, since a cluster either splits K or
+    multicasts), for ``--sweep-kind multicast``."""
     import cugemm8
     import sweep_configs
     from cugemm8 import _tune
     pick = cugemm8.get_gemm_config("normal", shape.m, shape.n, shape.k)
     found = [sweep_configs.forced_config(shape, pick.block_m, pick.block_n, pick.num_stages, num_sms,
                                          wgs=pick.num_math_warpgroups)] if pick.num_k_splits > 1 else []
+    m_blocks = -(-shape.m // pick.block_m)
     for on_a in (True, False):
+        if not on_a and m_blocks < 2:
+            continue            # one M block: a B-multicast pair would have no partner tile
         found.append(_tune.forced_config("normal", shape.m, shape.n, shape.k, 1, pick.block_m, pick.block_n,
                                          pick.num_stages, num_sms, mc=2, on_a=on_a, splits=1,
                                          wgs=pick.num_math_warpgroups))

@@ -97,9 +97,17 @@ def reference_and_bound(cp, a, sfa, b, sfb):
     return ref, bound
 
 
+#: The global relative error a correct BF16 result may have: BF16's
+#: round-to-nearest alone reaches 2^-8 relative on every element, so on a
+#: small output the norm of the error can too (hypothesis found 3.08e-3 at
+#: m = 1, n = 8, k = 144, the kernel's output equal bit for bit to the
+#: promotion model rounded to BF16), plus the FP8 accumulation's share.
+GLOBAL_TOL = 2.0 ** -8 + 2e-4
+
+
 def check_rows(cp, got, ref, *, tol=1e-2, what=""):
-    """Per-row relative Frobenius error <= tol and global <= 3e-3 (a global
-    metric alone hides a few bad rows; adversarial.md invariants)."""
+    """Per-row relative Frobenius error <= tol and global <= GLOBAL_TOL (a
+    global metric alone hides a few bad rows; adversarial.md invariants)."""
     err = got - ref
     rn = cp.sqrt(cp.sum(ref * ref, axis=-1))
     en = cp.sqrt(cp.sum(err * err, axis=-1))
@@ -109,7 +117,7 @@ def check_rows(cp, got, ref, *, tol=1e-2, what=""):
         raise AssertionError(f"{what}: {int(rows.sum())} rows with relative error > {tol}; "
                              f"worst row {i}: {float(en[i] / (rn[i] + 1e-300)):.3e}")
     tot = float(cp.linalg.norm(err)) / (float(cp.linalg.norm(ref)) + 1e-300)
-    assert tot <= 3e-3 or float(cp.linalg.norm(ref)) == 0, f"{what}: global relative error {tot:.3e}"
+    assert tot <= GLOBAL_TOL or float(cp.linalg.norm(ref)) == 0, f"{what}: global relative error {tot:.3e}"
 
 
 def poisoned_out(cp, m, n, *, guard_rows=1, guard_cols=8, batch=None):

@@ -273,15 +273,22 @@ _printed: set = set()
 _tuned_envs: dict = {}
 
 
+def _tuned_environment(device_id: int, num_sms: int) -> dict:
+    """:func:`cugemm8._tuned.environment` of this device and SM budget,
+    computed once (cleared by :func:`reload_tuned_configs`); the 1D2D and
+    1D1D ops' tuned lookups share it."""
+    env = _tuned_envs.get((device_id, num_sms))
+    if env is None:
+        env = _tuned_envs[(device_id, num_sms)] = _tuned.environment(num_sms, device_id)
+    return env
+
+
 def _choose(kind: str, m: int, n: int, k: int, num_groups: int, device_id: int, num_sms: int):
     """(config, source): a matching tuned entry of this device and SM budget
     (:mod:`cugemm8._tuned`, written by ``cugemm8 tune``) when there is one,
     else the heuristic's pick; source is ``'tuned'`` or ``'heuristic'``."""
     if _tuned.tuned_path() is not None and _tuned.has_entries():
-        env = _tuned_envs.get((device_id, num_sms))
-        if env is None:
-            env = _tuned_envs[(device_id, num_sms)] = _tuned.environment(num_sms, device_id)
-        cfg = _tuned.lookup(kind, m, n, k, num_groups, env)
+        cfg = _tuned.lookup(kind, m, n, k, num_groups, _tuned_environment(device_id, num_sms))
         if cfg is not None:
             return cfg, "tuned"
     return _config.select_config(kind, m, n, k, num_groups=num_groups, num_sms=num_sms), "heuristic"
@@ -515,8 +522,6 @@ def reload_tuned_configs() -> None:
     """
     _tuned.reload()
     _tuned_envs.clear()
-    from . import gemm_1d1d
-    gemm_1d1d._tuned_envs.clear()
     clear_launch_cache()
 
 

@@ -51,7 +51,7 @@ from . import _config, _config_1d1d, _device, _jit, _tma, _tuned
 from ._checks import check_device_array, refuse_temporary_under_capture
 from ._launch import Launcher
 from .gemm import (_INT32_MAX, _as_fp8, _check_f32, _check_int32, _check_placement, _first_overlap,
-                   _map_stride, _pair, _prepare_sfa, _scale_pitch, _span)
+                   _map_stride, _pair, _prepare_sfa, _scale_pitch, _span, _tuned_environment)
 
 if TYPE_CHECKING:
     import cupy
@@ -188,17 +188,13 @@ def get_gemm_1d1d_config(m: int, n: int, k: int, *, num_groups: int = 1, with_c:
         device_id = _device.require_hopper()
         num_sms = _device.get_num_sms(device_id)
     if device_id is not None and _tuned.tuned_path() is not None and _tuned.has_entries():
-        env = _tuned_envs.get((device_id, num_sms))
-        if env is None:
-            env = _tuned_envs[(device_id, num_sms)] = _tuned.environment(num_sms, device_id)
-        cfg = _tuned.lookup("k_grouped" if num_groups > 1 else "wgrad", m, n, k, num_groups, env)
+        cfg = _tuned.lookup("k_grouped" if num_groups > 1 else "wgrad", m, n, k, num_groups,
+                            _tuned_environment(device_id, num_sms))
         if cfg is not None and (tma_store or not cfg.tma_store):
             return cfg
     return _config_1d1d.select_config(m, n, k, num_groups=num_groups, num_sms=num_sms, with_c=with_c,
                                       tma_store=tma_store)
 
-
-_tuned_envs: dict = {}        # (device, SM budget) -> cugemm8._tuned.environment (cleared by reload_tuned_configs)
 
 
 def _launch(cfg, gemm_type: int, m: int, n: int, k_total: int, num_groups: int, a, sfa, b, sfb, d, c,

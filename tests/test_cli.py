@@ -589,7 +589,7 @@ def test_check_values_on_an_empty_k_group():
     out = np.stack([RT.promoted_accumulation_model_1d1d(ops["a"][:, sl], ops["sfa"][:, kb], ops["b"][:, sl],
                                                         ops["sfb"][:, kb], tensor_core="hopper")
                     if ke else np.zeros((30, 64), np.float32)
-                    for sl, kb, ke in _group_slices(ops["ks"])])
+                    for _, sl, kb, ke in cli.k_group_slices(ops["ks"])])
     res = cli.CheckResult(shape)
     cli._check_values(shape, ops, out, np, res)
     assert res.passed and res.max_err <= 1.0, res
@@ -597,12 +597,6 @@ def test_check_values_on_an_empty_k_group():
     cli._check_values(shape, ops, out, np, res)
     assert not res.passed and res.max_err > 1e300
 
-
-def _group_slices(ks):
-    off = 0
-    for ke in ks:
-        yield slice(off, off + ke), slice(off // 128, (off + ke) // 128), ke
-        off += ke
 
 
 @pytest.mark.parametrize("shape", [cli.Shape("wgrad", 7168, 2048, 4096), cli.Shape("k_grouped", 4096, 7168, 8192, 4),

@@ -42,9 +42,9 @@ from ._common import (_ceil_div, _fmt, _numeric, _one_line, _positive_int, _prog
                       nvrtc_reason, print_table)
 from ._data import (BLOCK, DIFF_LIMIT, E4M3_MAX, MIN_AMAX, MMA_K, POISON_BITS, TC_MANTISSA_BITS,
                     _group_parts, _group_sizes, Rng, matmul_nt, _ref_and_bound_rows, _ref_rows, bf16_to_f64,
-                    calc_diff, config_string, dequantize, e4m3_values, encode_e4m3, gemm_bytes, gemm_bytes_1d1d, gemm_call,
-                    gemm_flops, make_l2_flush, make_operands, poisoned_out, quantize_blocks,
-                    random_quantized, reference, time_us, valid_rows)
+                    calc_diff, config_string, dequantize, e4m3_values, encode_e4m3, gemm_bytes, gemm_bytes_1d1d,
+                    gemm_call, gemm_flops, k_group_slices, make_l2_flush, make_operands, out_to_f64,
+                    poisoned_out, quantize_blocks, random_quantized, reference, time_us, valid_rows)
 from .check import CHECK_COLUMNS, CheckResult, _check_row, _check_values, check_one, cmd_check
 from .info import _cuda_version, _dir_usage, _dist_version, _gpu_lines, _try, cache_dir, cmd_info, info_lines
 from .bench import bench_script, cmd_bench
@@ -58,7 +58,7 @@ __all__ = [
     "bench_script", "bf16_to_f64", "build_parser", "cache_dir", "calc_diff", "check_one", "check_shapes",
     "cmd_bench", "cmd_check", "cmd_configs", "cmd_info", "cmd_warmup", "config_string", "dequantize",
     "e4m3_values", "encode_e4m3", "gemm_bytes", "gemm_bytes_1d1d", "gemm_call", "gemm_flops", "gpu_reason", "info_lines",
-    "load_shapes", "main", "make_l2_flush", "make_operands", "nvrtc_reason", "plan_warmup", "poisoned_out",
+    "k_group_slices", "load_shapes", "main", "make_l2_flush", "make_operands", "nvrtc_reason", "out_to_f64", "plan_warmup", "poisoned_out",
     "print_table", "quant_jobs", "quantize_blocks", "random_quantized", "reference", "time_us", "valid_rows",
     # private helpers the benches and tests use
     "_ceil_div", "_check_row", "_check_values", "_compile_only", "_cuda_version", "_dir_usage",

@@ -269,6 +269,16 @@ def _k_group_sizes(rs, k: int, g: int, vary: bool) -> list[int]:
     return [b * BLOCK for b in base]
 
 
+def k_group_slices(ks):
+    """(group, token slice, 128-token block slice, tokens) of each group of a
+    ``k_grouped`` shape, in order: group e owns the ``ks[e]`` tokens after
+    those of the groups before it."""
+    off = 0
+    for e, ke in enumerate(ks):
+        yield e, slice(off, off + ke), slice(off // BLOCK, (off + ke) // BLOCK), ke
+        off += ke
+
+
 def make_operands(shape: Shape, xp, *, seed: int = 0, vary: bool = False) -> dict:
     """Random operands for ``shape`` on ``xp`` (NumPy or CuPy).
 
@@ -416,15 +426,12 @@ def reference(ops: dict, shape: Shape, xp, *, bound: bool = False):
             return rows_1d1d(a, sfa, b, sfb)
         ref = xp.zeros((shape.num_groups, a.shape[0], shape.n), dtype=xp.float64)
         bnd = xp.zeros(ref.shape, dtype=xp.float64) if bound else None
-        off = 0
-        for e, ke in enumerate(ops["ks"]):
+        for e, sl, kb, ke in k_group_slices(ops["ks"]):
             if ke:
-                sl, kb = slice(off, off + ke), slice(off // BLOCK, (off + ke) // BLOCK)
                 r, bd = rows_1d1d(a[:, sl], sfa[:, kb], b[:, sl], sfb[:, kb])
                 ref[e] = r
                 if bound:
                     bnd[e] = bd
-            off += ke
         return ref, bnd
     rows_fn = _ref_and_bound_rows if bound else (lambda *args: (_ref_rows(*args), None))
     if shape.kind == "normal":
@@ -451,6 +458,12 @@ def bf16_to_f64(d, xp):
     """float64 values of a bfloat16 array (decoded from its bits)."""
     bits = xp.ascontiguousarray(d).view(xp.uint16).astype(xp.uint32) << 16
     return bits.view(xp.float32).astype(xp.float64)
+
+
+def out_to_f64(d, xp):
+    """float64 values of an op's output: a bfloat16 one (:func:`bf16_to_f64`)
+    or the training GEMMs' float32 one."""
+    return d.astype(xp.float64) if d.dtype == xp.float32 else bf16_to_f64(d, xp)
 
 
 def gemm_flops(kind: str, rows: int, n: int, k: int) -> float:

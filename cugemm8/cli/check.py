@@ -13,8 +13,8 @@ from pathlib import Path
 
 from .._shapes import Shape, check_shapes
 from ._common import _fmt, _one_line, _progress, gpu_reason, print_table
-from ._data import (DIFF_LIMIT, POISON_BITS, bf16_to_f64, calc_diff, config_string, gemm_bytes,
-                    gemm_bytes_1d1d, gemm_call, gemm_flops, make_l2_flush, make_operands, poisoned_out,
+from ._data import (DIFF_LIMIT, POISON_BITS, calc_diff, config_string, gemm_bytes, gemm_bytes_1d1d,
+                    gemm_call, gemm_flops, make_l2_flush, make_operands, out_to_f64, poisoned_out,
                     reference, time_us, valid_rows)
 
 
@@ -36,7 +36,7 @@ class CheckResult:
 def _check_values(shape: Shape, ops: dict, out, cp, res: CheckResult) -> None:
     """Fill ``res.diff``, ``res.max_err``, ``res.passed``, ``res.note``."""
     ref, bound = reference(ops, shape, cp, bound=True)
-    got = out.astype(cp.float64) if out.dtype == cp.float32 else bf16_to_f64(out, cp)
+    got = out_to_f64(out, cp)
     valid = ops["valid"]
     # an element whose bound is 0 (an empty k-group: D = 0 exactly) must equal its reference
     diff = cp.abs(got - ref)

@@ -100,7 +100,7 @@ def cmd_tune(args) -> int:
     import cugemm8
 
     from .. import _jit, _tune, _tuned, gemm as G, gemm_1d1d as G1
-    from ._data import bf16_to_f64, calc_diff, make_l2_flush, make_operands, poisoned_out, reference
+    from ._data import calc_diff, make_l2_flush, make_operands, out_to_f64, poisoned_out, reference
 
     path = Path(args.out) if args.out else _tuned.tuned_path()
     if path is None and not args.dry_run:
@@ -191,14 +191,11 @@ def cmd_tune(args) -> int:
                 if s.kind in KINDS_1D1D:
                     _launcher_1d1d(c, s, ops, sfa, sfb, out, None)()      # checked without c
                     launch = _launcher_1d1d(c, s, ops, sfa, sfb, out, out)   # timed accumulating in place
-                    got = out.astype(cp.float64)
                 else:
                     launch = _launcher(c, s, ops, sfa, out)
                     launch()
-                    got = None
                 cp.cuda.runtime.deviceSynchronize()
-                got = bf16_to_f64(out, cp) if got is None else got
-                diff = calc_diff(got[valid], ref[valid], cp)
+                diff = calc_diff(out_to_f64(out, cp)[valid], ref[valid], cp)
             except Exception as exc:
                 meas.status = f"error {type(exc).__name__}: {_one_line(exc)}"[:100]
                 continue

@@ -57,8 +57,9 @@ __all__ = [
     "MIN_AMAX", "MMA_K", "POISON_BITS", "SUBCOMMANDS", "Shape", "TC_MANTISSA_BITS", "WarmupJob",
     "bench_script", "bf16_to_f64", "build_parser", "cache_dir", "calc_diff", "check_one", "check_shapes",
     "cmd_bench", "cmd_check", "cmd_configs", "cmd_info", "cmd_warmup", "config_string", "dequantize",
-    "e4m3_values", "encode_e4m3", "gemm_bytes", "gemm_bytes_1d1d", "gemm_call", "gemm_flops", "gpu_reason", "info_lines",
-    "k_group_slices", "load_shapes", "main", "make_l2_flush", "make_operands", "nvrtc_reason", "out_to_f64", "plan_warmup", "poisoned_out",
+    "e4m3_values", "encode_e4m3", "gemm_bytes", "gemm_bytes_1d1d", "gemm_call", "gemm_flops", "gpu_reason",
+    "info_lines", "k_group_slices", "load_shapes", "main", "make_l2_flush", "make_operands", "nvrtc_reason",
+    "out_to_f64", "plan_warmup", "poisoned_out",
     "print_table", "quant_jobs", "quantize_blocks", "random_quantized", "reference", "time_us", "valid_rows",
     # private helpers the benches and tests use
     "_ceil_div", "_check_row", "_check_values", "_compile_only", "_cuda_version", "_dir_usage",

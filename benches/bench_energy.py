@@ -143,14 +143,19 @@ def main(argv=None) -> int:
             out = poisoned_out(shape, ops, cp)
             libs, status = {}, {}
 
+            def add(name, key, fn, got, ref=ref):
+                """Run ``fn`` once, check ``got()`` against the reference,
+                and keep ``fn`` as library ``name`` if right (``status[key]``)."""
+                fn()
+                cp.cuda.runtime.deviceSynchronize()
+                d = calc_diff(got(), ref, cp)
+                status[key] = "ok" if d < CHECK_LIMIT else f"FAIL {d:.1e}"
+                if d < CHECK_LIMIT:
+                    libs[name] = fn
+
             def ours(out=out, ops=ops, sfa=sfa):
                 cugemm8.gemm_fp8_fp8_bf16_nt((ops["a"], sfa), (ops["b"], ops["sfb"]), out)
-            ours()
-            cp.cuda.runtime.deviceSynchronize()
-            d = calc_diff(bf16_to_f64(out, cp), ref, cp)
-            status["cugemm8"] = "ok" if d < CHECK_LIMIT else f"FAIL {d:.1e}"
-            if d < CHECK_LIMIT:
-                libs["cugemm8"] = ours
+            add("cugemm8", "cugemm8", ours, lambda: bf16_to_f64(out, cp))
             for text in (t.strip() for t in args.configs.split(",") if t.strip()):
                 cfg = sweep_configs.parse_config(text, shape, cugemm8.get_num_sms())
                 if cfg is None:
@@ -159,21 +164,11 @@ def main(argv=None) -> int:
                 o = poisoned_out(shape, ops, cp)
                 launch = G._prepare_launch(cfg, "normal", n, k, 1, m, m, ops["a"], sfa, ops["b"], ops["sfb"], o,
                                            None, 1)
-                launch()
-                cp.cuda.runtime.deviceSynchronize()
-                d = calc_diff(bf16_to_f64(o, cp), ref, cp)
-                status[str(cfg)] = "ok" if d < CHECK_LIMIT else f"FAIL {d:.1e}"
-                if d < CHECK_LIMIT:
-                    libs[f"cugemm8 {cfg}"] = launch
+                add(f"cugemm8 {cfg}", str(cfg), launch, lambda o=o: bf16_to_f64(o, cp))
             if dg is not None:
                 try:
                     run = dg.gemm_nt(ops["a"], sfa, ops["b"], ops["sfb"])
-                    run()
-                    cp.cuda.runtime.deviceSynchronize()
-                    d = calc_diff(common.torch_to_f64(run.out, m), ref, cp)
-                    status["deepgemm"] = "ok" if d < CHECK_LIMIT else f"FAIL {d:.1e}"
-                    if d < CHECK_LIMIT:
-                        libs["deepgemm"] = run
+                    add("deepgemm", "deepgemm", run, lambda: common.torch_to_f64(run.out, m))
                 except Exception as exc:
                     status["deepgemm"] = f"error {type(exc).__name__}: {exc}"[:80]
             del ref

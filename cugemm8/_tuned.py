@@ -154,22 +154,16 @@ def _entry_problem(e) -> str | None:
     cfg = e.get("config")
     if not isinstance(cfg, dict):
         return "config is not an object"
-    if e["kind"] in KINDS_1D1D:
-        for f in CONFIG_FIELDS_1D1D:
-            v = cfg.get(f)
-            if f == "tma_store":
-                if not isinstance(v, bool):
-                    return "config.tma_store is not a bool"
-            elif not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                return f"config.{f} is not a positive int"
-        return None
-    for f in CONFIG_FIELDS:
+    training = e["kind"] in KINDS_1D1D
+    for f in CONFIG_FIELDS_1D1D if training else CONFIG_FIELDS:
         v = cfg.get(f)
-        if f == "multicast_on_a":
+        if f in ("multicast_on_a", "tma_store"):
             if not isinstance(v, bool):
-                return "config.multicast_on_a is not a bool"
+                return f"config.{f} is not a bool"
         elif not isinstance(v, int) or isinstance(v, bool) or v < 1:
             return f"config.{f} is not a positive int"
+    if training:
+        return None
     # Optional (entries written before v0.11 lack it: 2 math warpgroups).
     v = cfg.get("num_math_warpgroups", 2)
     if not isinstance(v, int) or isinstance(v, bool) or v < 1:

@@ -193,10 +193,10 @@ def _score(bm: int, bn: int, m: int, n: int, kb_mean: float, groups: int, grid: 
 
 @functools.lru_cache(maxsize=4096)
 def _rank(m: int, n: int, kb_total: int, groups: int, num_sms: int, with_c: bool, smem_limit: int,
-          tma_store: bool = True):
+          tma_store: bool = True, block_ms: tuple = SELECT_BLOCK_MS):
     kb_mean = kb_total / groups
     out = []
-    for bm in SELECT_BLOCK_MS:
+    for bm in block_ms:
         for bn in BLOCK_N_CANDIDATES:
             if not _registers_ok(bm, bn):
                 continue

@@ -212,23 +212,10 @@ def candidates_1d1d(m: int, n: int, k: int, num_groups: int, num_sms: int, *, to
     stages that fit, on as many CTAs as it has tiles (up to ``num_sms``)."""
     from . import _config_1d1d as C1
     pick = C1.select_config(m, n, k, num_groups=num_groups, num_sms=num_sms, with_c=True)
-    kb_mean = _config._ceil_div(k, C1.BLOCK_K) / num_groups
-    scored = []
-    for bm in C1.BLOCK_M_CANDIDATES:
-        for bn in C1.BLOCK_N_CANDIDATES:
-            if not C1._registers_ok(bm, bn):
-                continue
-            tma = C1.tma_store_ok(bn)
-            st = C1.max_stages(bm, bn, tma_store=tma)
-            if not st:
-                continue
-            tiles = num_groups * _config._ceil_div(max(m, 1), bm) * _config._ceil_div(max(n, 8), bn)
-            grid = max(1, min(num_sms, tiles))
-            score, _ = C1._score(bm, bn, max(m, 1), max(n, 8), kb_mean, num_groups, grid, True, tma)
-            scored.append((score, C1.make_config(bm, bn, st, grid, tma)))
-    scored.sort(key=lambda e: e[0])
+    ranked = C1._rank(m, n, _config._ceil_div(k, C1.BLOCK_K), num_groups, num_sms, True, C1.SMEM_LIMIT,
+                      True, C1.BLOCK_M_CANDIDATES)
     out = [pick]
-    for _, cfg in scored:
+    for _, cfg in ranked:
         if cfg not in out and len(out) < top + 1:
             out.append(cfg)
     return out

@@ -18,8 +18,13 @@ Table 1, per (M, N, K) over M in ``--ms`` and the six DeepSeek-V3 (N, K),
 with bf16 activations x [M, K] (normal) and FP8 weights from
 ``per_block_cast_to_fp8`` of normal bf16 weights [N, K]:
 
-* ``fused``: ``cugemm8.gemm_fp8(x, (b, sfb), out, workspace=ws)``, PDL off
-  (the quantiser is its prologue, the GEMM its programmatic dependent);
+* ``fused``: ``cugemm8.gemm_fp8(x, (b, sfb), out, workspace=ws)``, PDL off,
+  in the form the library picks (``form``: ``1K`` when the GEMM quantises x
+  itself, one kernel, at M <= ``cugemm8.quant.ONE_KERNEL_MAX_M``; ``2K``
+  when the per-token quantiser is its prologue and the GEMM its
+  programmatic dependent);
+* ``fused 2K``: the same call with the two-kernel form forced (rows where
+  the pick is ``1K``; ``2K/1K`` is its time over the pick's);
 * ``2-launch``: ``per_token_cast_to_fp8(x)`` then ``gemm_fp8_fp8_bf16_nt``,
   ``cugemm8.set_pdl(False)``; ``2L+pdl``: the same with ``set_pdl(True)``;
 * ``DG pair`` (``--deepgemm``, DeepGEMM on PYTHONPATH,
@@ -205,7 +210,7 @@ def bench_row(cugemm8, cp, m, n, k, *, args, flush, dg) -> dict:
     x = _bf16_normal(cp, rs, (m, k))
     b, sfb = _weights(cugemm8, cp, rs, n, k)
     ref = _reference(cugemm8, cp, x, b, sfb)
-    outs = {name: _poisoned(cp, m, n) for name in ("fused", "2-launch", "2L+pdl")}
+    outs = {name: _poisoned(cp, m, n) for name in ("fused", "fused 2K", "2-launch", "2L+pdl")}
     paths: dict = {}
     ws = ws_error = None
     try:
@@ -216,21 +221,31 @@ def bench_row(cugemm8, cp, m, n, k, *, args, flush, dg) -> dict:
     def fused(out=outs["fused"]):
         cugemm8.gemm_fp8(x, (b, sfb), out, workspace=ws)
 
+    def fused_two_kernels(out=outs["fused 2K"]):
+        with _two_kernel_form(cugemm8):
+            cugemm8.gemm_fp8(x, (b, sfb), out, workspace=ws)
+
     def two(out):
         def run():
             a, sfa = cugemm8.per_token_cast_to_fp8(x)
             cugemm8.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), out)
         return run
 
+    form = _fused_form(cugemm8, x, n)
     paths["fused"] = Timed(fused, False)
+    if form == "1K":
+        paths["fused 2K"] = Timed(fused_two_kernels, False)
     paths["2-launch"] = Timed(two(outs["2-launch"]), False)
     paths["2L+pdl"] = Timed(two(outs["2L+pdl"]), True)
-    for name in ("2-launch", "2L+pdl", "fused"):
-        if name == "fused" and ws_error is not None:
+    for name in ("2-launch", "2L+pdl", "fused", "fused 2K"):
+        if name not in paths:
+            continue
+        if name.startswith("fused") and ws_error is not None:
             paths[name].status = ws_error
             continue
         _check(cugemm8, cp, paths[name], [(lambda o=outs[name]: bf16_to_f64(o, cp), ref)])
-    bits = {name: _compare(cp, paths, outs, name, "2-launch") for name in ("fused", "2L+pdl")}
+    bits = {name: _compare(cp, paths, outs, name, "2-launch") for name in ("fused", "fused 2K", "2L+pdl")
+            if name in paths}
     dg_diff = None
     ours = next((outs[name] for name in ("fused", "2-launch") if paths[name].ok), None)
     if dg is not None:
@@ -245,14 +260,38 @@ def bench_row(cugemm8, cp, m, n, k, *, args, flush, dg) -> dict:
             paths["dg pair"].status = _error(exc)
     _time_paths(cugemm8, paths, passes=args.passes, reps=args.reps, flush=flush)
     med = {name: p.median for name, p in paths.items() if p.median is not None}
-    return {"m": m, "n": n, "k": k, "config": cli.config_string(Shape("normal", m, n, k)), "us": med,
+    return {"m": m, "n": n, "k": k, "config": cli.config_string(Shape("normal", m, n, k)), "form": form,
+            "us": med,
             "spread": {name: common.Timing(p.samples).spread for name, p in paths.items() if p.samples},
             "status": {name: p.status for name, p in paths.items()},
             "bits_identical": bits, "dg_diff": dg_diff,
             "x_2l": _ratio(med.get("2-launch"), med.get("fused")),
             "x_2l_pdl": _ratio(med.get("2L+pdl"), med.get("fused")),
+            "x_2k": _ratio(med.get("fused 2K"), med.get("fused")),
             "x_dg": _ratio(med.get("dg pair"), med.get("fused")),
             "_paths": paths}
+
+
+class _two_kernel_form:
+    """``with _two_kernel_form(cugemm8):`` gemm_fp8's fused path takes its
+    two-kernel form (no row count qualifies for the one-kernel form)."""
+
+    def __init__(self, cugemm8):
+        self.quant = cugemm8.quant
+
+    def __enter__(self):
+        self.saved, self.quant.ONE_KERNEL_MAX_M = self.quant.ONE_KERNEL_MAX_M, {}
+
+    def __exit__(self, *exc):
+        self.quant.ONE_KERNEL_MAX_M = self.saved
+
+
+def _fused_form(cugemm8, x, n) -> str:
+    """``1K`` when gemm_fp8's fused path runs x [m, k] against [n, k]
+    weights as one kernel, else ``2K``."""
+    from cugemm8 import gemm
+    k = cugemm8.quant.padded_k(x.shape[1])
+    return "1K" if cugemm8.quant._one_kernel_config(x, n, k, gemm) is not None else "2K"
 
 
 def _dg_pair(dg, cp, x, b, sfb):
@@ -279,9 +318,10 @@ def _bits_cell(rec) -> str:
 
 def row_cells(rec) -> tuple:
     p = rec["_paths"]
-    return (rec["m"], rec["n"], rec["k"], rec["config"], _cell(p["fused"]), _cell(p["2-launch"]),
-            _cell(p["2L+pdl"]), _cell(p.get("dg pair")), _ratio_cell(rec["x_2l"]), _ratio_cell(rec["x_dg"]),
-            _bits_cell(rec), f"{rec['dg_diff']:.1e}" if rec["dg_diff"] is not None else "-")
+    return (rec["m"], rec["n"], rec["k"], rec["config"], rec["form"], _cell(p["fused"]), _cell(p.get("fused 2K")),
+            _cell(p["2-launch"]), _cell(p["2L+pdl"]), _cell(p.get("dg pair")), _ratio_cell(rec["x_2l"]),
+            _ratio_cell(rec["x_dg"]), _ratio_cell(rec["x_2k"]), _bits_cell(rec),
+            f"{rec['dg_diff']:.1e}" if rec["dg_diff"] is not None else "-")
 
 
 def _ratio_cell(r) -> str:
@@ -372,20 +412,21 @@ def chain_cells(rec) -> tuple:
 
 def summarize(records) -> dict:
     out = {}
-    for key, target in (("x_2l", TARGET_2L), ("x_dg", TARGET_DG), ("x_2l_pdl", None)):
+    for key, target in (("x_2l", TARGET_2L), ("x_dg", TARGET_DG), ("x_2l_pdl", None), ("x_2k", None)):
         vals = [(r[key], f"{r['m']}x{r['n']}x{r['k']}") for r in records if r[key] is not None]
         worst = min(vals, default=(None, None))
         out[key] = {"rows": len(vals), "geomean": common.geomean(v for v, _ in vals) if vals else None,
                     "min": worst[0], "min_shape": worst[1], "target": target,
                     "meeting": sum(v >= target for v, _ in vals) if target else None}
-    for name in ("fused", "2L+pdl"):
-        compared = [r["bits_identical"][name] for r in records if r["bits_identical"][name] is not None]
+    for name in ("fused", "fused 2K", "2L+pdl"):
+        compared = [r["bits_identical"].get(name) for r in records if r["bits_identical"].get(name) is not None]
         out[f"bits_{name}"] = {"compared": len(compared), "identical": sum(compared)}
     return out
 
 
 def print_summary(summary, n_rows) -> None:
-    for key, label in (("x_2l", "2-launch/fused"), ("x_dg", "DG pair/fused"), ("x_2l_pdl", "2L+pdl/fused")):
+    for key, label in (("x_2l", "2-launch/fused"), ("x_dg", "DG pair/fused"), ("x_2l_pdl", "2L+pdl/fused"),
+                       ("x_2k", "fused 2K/1K (rows of the one-kernel form)")):
         s = summary[key]
         if not s["rows"]:
             print(f"{label}: no rows timed")
@@ -395,7 +436,7 @@ def print_summary(summary, n_rows) -> None:
         if s["target"]:
             line += f"; {s['meeting']}/{s['rows']} rows >= {s['target']}"
         print(line)
-    counts = [(name, summary[f"bits_{name}"]) for name in ("fused", "2L+pdl")]
+    counts = [(name, summary[f"bits_{name}"]) for name in ("fused", "fused 2K", "2L+pdl")]
     print("bit-identical to 2-launch: " + "; ".join(
         f"{name} in {c['identical']} of {c['compared']} rows compared" for name, c in counts)
           + f" (of {n_rows})")
@@ -483,8 +524,8 @@ def main(argv=None) -> int:
 
     print_table(f"quantise + GEMM from bf16 x (span µs, {timer}, median of {args.passes}x{args.reps}; "
                 f"targets 2L/fused >= {TARGET_2L}, dg/fused >= {TARGET_DG})",
-                ("M", "N", "K", "config", "fused", "2-launch", "2L+pdl", "DG pair", "2L/fused", "dg/fused",
-                 "bits", "dg diff"), [row_cells(r) for r in records])
+                ("M", "N", "K", "config", "form", "fused", "fused 2K", "2-launch", "2L+pdl", "DG pair", "2L/fused",
+                 "dg/fused", "2K/1K", "bits", "dg diff"), [row_cells(r) for r in records])
     print_table(f"MLP chain {hidden} -> {inter} -> {hidden} (span µs, {timer}; PDL off / on)",
                 ("M", "2L off", "2L pdl", "off/on", "fused off", "fused pdl", "off/on", "2L off/fused pdl",
                  "2L bits off=on", "fused bits off=on"), [chain_cells(r) for r in chains])

@@ -34,6 +34,7 @@
 #include "ptx/sync.cuh"
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
+#include "quant.cuh"
 #include "scheduler.cuh"
 
 namespace cugemm8 {
@@ -79,12 +80,21 @@ __device__ __forceinline__ void dispatch_num_former(uint32_t n0, F&& f) {
 // Shared-memory budget of one configuration; cugemm8/_config.py:smem_size
 // must implement the same formula: the launch asks for _config's number of
 // bytes, so a drift would under-allocate (tests/test_config.py pins the formula).
+// kQuantAXBytes: 0, or the element size of the float activations the kernel
+// quantises itself ("Quantising A in the kernel" below): then a stage's A
+// payload holds only kQuantARows rows (its WGMMA descriptor repeats them over
+// the 64-row tile) and each stage also has a slot for those rows of x.
+constexpr uint32_t kQuantARows = 8;
+
 template <uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages, uint32_t kNumKSplits,
-          uint32_t kNumMathWGs>
+          uint32_t kNumMathWGs, uint32_t kQuantAXBytes = 0>
 struct SmemLayout {
+  static constexpr bool kQuantA = kQuantAXBytes != 0;
   static constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, 128u);
   static constexpr uint32_t kD = align_up(BLOCK_M * BLOCK_N * 2u, 1024u);   // (BLOCK_M, BLOCK_N) bf16
-  static constexpr uint32_t kA = BLOCK_M * 128u;                            // (BLOCK_M, BLOCK_K) e4m3
+  // (BLOCK_M, BLOCK_K) e4m3; with kQuantA (kQuantARows, BLOCK_K), 1024 bytes
+  static constexpr uint32_t kA = kQuantA ? kQuantARows * 128u : BLOCK_M * 128u;
+  static constexpr uint32_t kX = kQuantARows * 128u * kQuantAXBytes;       // kQuantA: (kQuantARows, BLOCK_K) of x
   static constexpr uint32_t kB = BLOCK_N * 128u;                            // (BLOCK_N, BLOCK_K) e4m3
   static constexpr uint32_t kSFA = align_up(BLOCK_M * 4u, 128u);            // (BLOCK_M,) f32
   // B scales: each of the 8 math warps keeps its own copy of the tile's two
@@ -104,15 +114,31 @@ struct SmemLayout {
   static constexpr uint32_t kOffA = kOffClusterRed + kClusterRed;
   static constexpr uint32_t kOffB = kOffA + kNumStages * kA;
   static constexpr uint32_t kOffSFA = kOffB + kNumStages * kB;
-  static constexpr uint32_t kOffSFB = kOffSFA + kNumStages * kSFA;
+  static constexpr uint32_t kOffX = kOffSFA + kNumStages * kSFA;
+  static constexpr uint32_t kOffSFB = kOffX + kNumStages * kX;
   static constexpr uint32_t kOffBar = kOffSFB + kSFB;
-  static constexpr uint32_t kTotal = kOffBar + 256u;
-  static_assert(2u * kNumStages * 8u <= 256u, "barrier reserve holds at most 16 stages");
+  // Barriers: full and empty per stage, and with kQuantA an x_full per stage
+  // (the activations' TMA load, below).
+  static constexpr uint32_t kBarBytes = kQuantA ? 384u : 256u;
+  static constexpr uint32_t kTotal = kOffBar + kBarBytes;
+  static_assert((kQuantA ? 3u : 2u) * kNumStages * 8u <= kBarBytes, "barrier reserve holds at most 16 stages");
 };
+
+// What A is (the kernel's last template argument, kAIn):
+//   kAInFp8: e4m3 payload and its 1x128 scales, both loaded by TMA (tmap_a,
+//            tmap_sfa) -- every GEMM op;
+//   kAInFloat32 / kAInFloat16 / kAInBFloat16 (1 + quant InDtype): the float
+//            activations x themselves, quantised inside this kernel
+//            (gemm_fp8's one-kernel bf16-in form; "Quantising A in the
+//            kernel" below).
+constexpr uint32_t kAInFp8 = 0;
+constexpr uint32_t kAInFloat32 = 1 + static_cast<uint32_t>(InDtype::kFloat32);
+constexpr uint32_t kAInFloat16 = 1 + static_cast<uint32_t>(InDtype::kFloat16);
+constexpr uint32_t kAInBFloat16 = 1 + static_cast<uint32_t>(InDtype::kBFloat16);
 
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages,
           uint32_t kNumMulticast, bool kMulticastOnA, uint32_t kSwizzleDBytes, uint32_t kGemmType,
-          uint32_t kNumGroups, uint32_t kNumKSplits, uint32_t kNumMathWGs>
+          uint32_t kNumGroups, uint32_t kNumKSplits, uint32_t kNumMathWGs, uint32_t kAIn = kAInFp8>
 struct GemmTraits {
   static constexpr uint32_t BLOCK_K = 128;
   // Two math warpgroups, or one with BLOCK_M == 64.  BLOCK_M == 64 has one
@@ -165,7 +191,12 @@ struct GemmTraits {
   static constexpr uint32_t kDRowBytes = kDCols * 2;
   static constexpr uint32_t kNumDStores = BLOCK_N / kDCols;
   static constexpr uint32_t kSwizzleMask = kSwizzleDBytes / 16 - 1;     // 7, 3, 1 (128/64/32 B)
-  using Smem = SmemLayout<SHAPE_K, BLOCK_M, BLOCK_N, kNumStages, kNumKSplits, kNumMathWGs>;
+  // Quantising A in the kernel: the activations' element type and bytes.
+  static constexpr bool kQuantA = kAIn != kAInFp8;
+  static constexpr InDtype kXDtype = kQuantA ? static_cast<InDtype>(kAIn - 1) : InDtype::kBFloat16;
+  static constexpr uint32_t kXBytes = quant::InTraits<kXDtype>::kBytes;
+  static constexpr uint32_t kMaxQuantARows = kQuantARows;
+  using Smem = SmemLayout<SHAPE_K, BLOCK_M, BLOCK_N, kNumStages, kNumKSplits, kNumMathWGs, kQuantA ? kXBytes : 0u>;
   // Bytes one stage's loads deliver: A's box of `a_box_rows` rows (a kernel
   // argument: min(rows, BLOCK_M), rows being M, m_sum or m_max per group),
   // its scales (the box rounded up to 16 bytes) and B's full tile.
@@ -208,6 +239,12 @@ struct GemmTraits {
   static_assert(!kSplitK || kNumStages % 2 == 0, "split K (BLOCK_M = 64) needs an even stage count");
   static_assert(Smem::kTotal <= 232448, "shared memory exceeds the sm_90 opt-in limit (232,448 B)");
   static_assert(kGemmType <= kGroupedMasked, "unknown GEMM type");
+  static_assert(kAIn <= kAInBFloat16, "unknown A input");
+  // Quantising A in the kernel: the normal GEMM's 64-row tiles on one math
+  // warpgroup (the converter warps keep the producer warpgroup's full
+  // registers: no setmaxnreg), no cluster multicast (each CTA converts its own A).
+  static_assert(!kQuantA || (kGemmType == kNormal && BLOCK_M == 64 && kNumMathWG == 1 && kNumMulticast == 1),
+                "A quantised in the kernel: normal GEMM, BLOCK_M 64, one math warpgroup, no multicast");
 };
 
 // Bits of the kernel's `flags` argument.
@@ -223,6 +260,43 @@ struct GemmTraits {
 // benches' L2 flush that is dirty data, whose write-back plain loads pay
 // for (benches/RESULTS.md v0.10: the decode GEMMs 1-11 % faster).
 constexpr uint32_t kFlagBEvictFirst = 2u;
+// kFlagAPow2Scale: with kAIn != kAInFp8, round each activation scale up to a
+// power of two (per_token_cast_to_fp8's pow2_scale).
+constexpr uint32_t kFlagAPow2Scale = 4u;
+
+// Quantising A in the kernel (kAIn != kAInFp8; cugemm8.gemm_fp8's one-kernel
+// bf16-in form for decode-sized M, at most kQuantARows = 8 rows).  Each stage
+// holds, beside B, an 8-row e4m3 payload (1 KB, its WGMMA descriptor's
+// 8-row-group stride 0, so the 64-row MMA reads those 8 rows eight times:
+// rows >= 8 of the accumulator repeat rows 0-7 and are never stored), its
+// scales, and a slot for the same rows of the float activations x.  One of
+// kNumConverterWarps otherwise idle warps of the producer warpgroup owns each
+// stage (warp 1 + stage % 3, so it waits on every phase of the stage's
+// barriers in order).  It loads x's [rows, 128] box of a K block into the
+// slot with TMA (tmap_a maps x; no swizzle, K tail zero-filled) a whole ring
+// lap before that block is due, as soon as it has converted the slot's
+// previous block; once the math warpgroup has released the stage (its empty
+// barrier), it quantises the rows with the per-token cast's own device
+// functions (quant.cuh: 1x128 amax, exact scale and quotient,
+// kQuantAMinAmax), writes the payload with the 128-byte swizzle TMA would
+// have used and the scales into the stage's SFA slots, fences them to the
+// async proxy and arrives on the stage's full barrier, which also waits for
+// the producer's arrival and B's bytes.  So the conversion runs while B's
+// load for the same stage is in flight, not after it.  The math warpgroup
+// is unchanged, and the payload and scales it reads are bit for bit what
+// per_token_cast_to_fp8 would have written, so the output equals that cast
+// followed by this GEMM.  Every CTA converts the A rows of its own K blocks,
+// so the host uses this form only for a few rows (cugemm8/quant.py).
+// History: v0.9's converters loaded x from global memory themselves, stage by
+// stage (2.3-40x slower than a separate quantiser: a full memory latency per
+// stage in series); a first v0.14 form loaded x with B into the stage's A
+// region, which put the conversion's latency into every stage's turn around
+// the ring (1.0-1.2x the two-kernel form at M <= 2, far slower from M = 4 on:
+// benches/RESULTS.md v0.14).
+constexpr uint32_t kNumConverterWarps = 3;
+// per_token_cast_to_fp8's default min_amax (cugemm8/quant.py _DEFAULT_MIN_AMAX), the
+// only one gemm_fp8 uses.
+constexpr float kQuantAMinAmax = 1e-4f;
 
 // Arguments:
 //   shape_m        rows of A / D (normal), m_sum (contiguous) or m_max (masked)
@@ -237,22 +311,25 @@ constexpr uint32_t kFlagBEvictFirst = 2u;
 //   sfb            B scales, row-major [num_groups, ceil(N/128), ceil(K/128)] f32
 //   grouped_layout nullptr (normal), m_indices [m_sum] (contiguous) or masked_m [G] (masked), int32
 //   d_ptr, ld_d    D base and row stride in elements (masked partial-tile stores)
-//   tmap_a         A   as (K, rows, groups) u8,  box (128, a_box_rows, 1), 128B swizzle
+//   tmap_a         A   as (K, rows, groups) u8,  box (128, a_box_rows, 1), 128B swizzle;
+//                  with kAIn != kAInFp8 the activations x as (K_x, rows, 1) of
+//                  their float type, box (128, a_box_rows, 1), no swizzle (tmap_sfa
+//                  is then unused)
 //   tmap_b         B   as (K, N, groups)    u8,  box (128, BLOCK_N, 1), 128B swizzle
 //   tmap_sfa       SFA as (rows, K/128, groups) f32 (MN-major), box (align4(a_box_rows), 1, 1)
 //   tmap_d         D   as (N, rows, groups) bf16, box (kDCols, 64, 1), swizzle kSwizzleDBytes
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages,
           uint32_t kNumMulticast, bool kMulticastOnA, uint32_t kSwizzleDBytes, uint32_t kGemmType,
-          uint32_t kNumGroups, uint32_t kNumKSplits, uint32_t kNumMathWGs>
+          uint32_t kNumGroups, uint32_t kNumKSplits, uint32_t kNumMathWGs, uint32_t kAIn = kAInFp8>
 __global__ void __launch_bounds__(
     GemmTraits<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, kNumStages, kNumMulticast, kMulticastOnA, kSwizzleDBytes,
-               kGemmType, kNumGroups, kNumKSplits, kNumMathWGs>::kNumThreads, 1) __cluster_dims__(kNumMulticast * kNumKSplits, 1, 1)
+               kGemmType, kNumGroups, kNumKSplits, kNumMathWGs, kAIn>::kNumThreads, 1) __cluster_dims__(kNumMulticast * kNumKSplits, 1, 1)
 fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, const float* __restrict__ sfb, const int32_t* __restrict__ grouped_layout,
                      uint16_t* __restrict__ d_ptr, uint32_t ld_d,
                      const __grid_constant__ TmaDescriptor tmap_a, const __grid_constant__ TmaDescriptor tmap_b,
                      const __grid_constant__ TmaDescriptor tmap_sfa, const __grid_constant__ TmaDescriptor tmap_d) {
   using T = GemmTraits<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, kNumStages, kNumMulticast, kMulticastOnA,
-                       kSwizzleDBytes, kGemmType, kNumGroups, kNumKSplits, kNumMathWGs>;
+                       kSwizzleDBytes, kGemmType, kNumGroups, kNumKSplits, kNumMathWGs, kAIn>;
   using Smem = typename T::Smem;
   using Scheduler = TileScheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, kNumMulticast, kMulticastOnA, kNumGroups>;
   constexpr uint32_t kNumKBlocks = T::kNumKBlocks;
@@ -263,6 +340,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
   extern __shared__ __align__(1024) uint8_t smem[];
   uint64_t* full_bar = reinterpret_cast<uint64_t*>(smem + Smem::kOffBar);
   uint64_t* empty_bar = full_bar + kNumStages;
+  uint64_t* x_full_bar = empty_bar + kNumStages;   // kQuantA: x's box landed in the stage's slot
   // Split K: rank 1's partial tile has landed in rank 0 (rank 0's barrier:
   // one expect_tx arrival plus the st.async bytes) / rank 0 has read it
   // (rank 1's barrier: one release.cluster arrival per holder warp of rank 0).
@@ -272,6 +350,9 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
   auto smem_a = [&](uint32_t s) { return smem + Smem::kOffA + s * Smem::kA; };
   auto smem_b = [&](uint32_t s) { return smem + Smem::kOffB + s * Smem::kB; };
   auto smem_sfa = [&](uint32_t s) { return reinterpret_cast<const float*>(smem + Smem::kOffSFA + s * Smem::kSFA); };
+  // kQuantA: the stage's slot for x's box of a_box_rows rows.
+  const uint32_t x_box_bytes = T::kQuantA ? a_box_rows * 128u * T::kXBytes : 0u;
+  auto smem_x = [&](uint32_t s) { return smem + Smem::kOffX + s * Smem::kX; };
 
   const uint32_t warpgroup = threadIdx.x / 128;
   const uint32_t producer_leader = T::kNumMathThreads;
@@ -282,11 +363,18 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
   // in both CTAs, so both must have released it).
   if (threadIdx.x == producer_leader) {
     if ((smem_addr(smem) & 1023u) != 0) device_trap();   // 128B swizzle needs 1024-aligned tiles
+    // More rows than a stage's payload holds (the host never launches that:
+    // cugemm8/quant.py).
+    if (T::kQuantA && a_box_rows > T::kMaxQuantARows) device_trap();
     tma_prefetch_descriptor(&tmap_a);
     tma_prefetch_descriptor(&tmap_b);
-    tma_prefetch_descriptor(&tmap_sfa);
+    if constexpr (!T::kQuantA) tma_prefetch_descriptor(&tmap_sfa);
     tma_prefetch_descriptor(&tmap_d);
-    init_stage_barriers<kNumStages>(full_bar, empty_bar, kNumMulticast * T::kConsumerWarps);
+    // kQuantA: the full barrier also waits for the stage's converter warp.
+    init_stage_barriers<kNumStages>(full_bar, empty_bar, kNumMulticast * T::kConsumerWarps, T::kQuantA ? 2u : 1u);
+    if constexpr (T::kQuantA) {
+      for (uint32_t s = 0; s < kNumStages; ++s) mbarrier_init(x_full_bar + s, 1);
+    }
     if constexpr (kNumKSplits == 2) {
       mbarrier_init(red_full_bar, 1);
       mbarrier_init(red_empty_bar, T::kNumHolderThreads / 32);
@@ -358,7 +446,8 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
     if constexpr (kNumMathWG == 2) setmaxnreg_dec<40>();
     if (threadIdx.x == producer_leader) {
       PipeState<kNumStages> pipe;
-      const uint32_t tx_bytes = T::tx_bytes(a_box_rows);
+      // kQuantA: A comes from the converter warps; the full barrier counts B's bytes.
+      const uint32_t tx_bytes = T::kQuantA ? Smem::kB : T::tx_bytes(a_box_rows);
       // Issue B's loads for one K block into `stage` (multicast rules as
       // below).  B's L2 policy: evict-first with kFlagBEvictFirst, else
       // evict-normal (the default of a load without a hint); a select at
@@ -390,7 +479,9 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
           uint64_t* bar = producer_acquire(pipe, full_bar, empty_bar, tx_bytes);
           const uint32_t stage = pipe.stage;
           const int32_t k = static_cast<int32_t>(kb * 128);
-          if constexpr (kNumMulticast == 2 && kMulticastOnA) {
+          if constexpr (T::kQuantA) {
+            // A and its scales: the stage's converter warp (below).
+          } else if constexpr (kNumMulticast == 2 && kMulticastOnA) {
             if (rank == 0) {
               tma_load_3d_multicast(smem_a(stage), &tmap_a, bar, 0b11, k, a_row, a_group);
               tma_load_3d_multicast(const_cast<float*>(smem_sfa(stage)), &tmap_sfa, bar, 0b11, a_row,
@@ -416,6 +507,124 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
         }
       }
     }
+    if constexpr (T::kQuantA) {
+      // -------------------------------------------------------------- converters
+      // Warps 1 .. kNumConverterWarps of the producer warpgroup ("Quantising A
+      // in the kernel" above); warp 1 + stage % kNumConverterWarps owns a
+      // stage.  Block j is this CTA's j-th K block (its tiles' K blocks in
+      // order; every tile has the same K range, so block j is K block
+      // kb_begin + j % kb_count).  Lanes kLanesPerRow apart take consecutive
+      // rows, each lane one 16-byte piece (InTraits::kVec elements) of its
+      // row: the per-token cast's own split (kLanesPerGroup), so its
+      // butterfly gives the row's amax.  A step converts kRowsPerStep rows;
+      // two steps run side by side where there are two (their chains
+      // interleave), never a step of no rows (the conversion is bound by the
+      // warp's issue and conversion rate, not by latency: benches/RESULTS.md v0.14).
+      const uint32_t cw = (threadIdx.x - producer_leader) / 32;
+      if (cw >= 1 && cw <= kNumConverterWarps) {
+        using Q = quant::InTraits<T::kXDtype>;
+        constexpr uint32_t kLanesPerRow = 128 / Q::kVec;        // 16 (16-bit x) or 32 (float32)
+        constexpr uint32_t kRowsPerStep = 32 / kLanesPerRow;
+        const uint32_t lane = threadIdx.x % 32, sub = lane / kLanesPerRow, piece = lane % kLanesPerRow;
+        const uint32_t owner = cw - 1;
+        const bool pow2 = (flags & kFlagAPow2Scale) != 0;
+        const uint32_t rows = a_box_rows;     // one M block (host: m <= kQuantARows)
+        uint32_t num_blocks = 0;
+        while (scheduler.next(tile)) num_blocks += kb_count;
+        // Load x's box of block j into its stage's slot (lane 0).
+        auto load_x = [&](uint32_t j) {
+          const uint32_t s = j % kNumStages;
+          mbarrier_arrive_expect_tx(x_full_bar + s, x_box_bytes);
+          tma_load_3d(smem_x(s), &tmap_a, x_full_bar + s, static_cast<int32_t>((kb_begin + j % kb_count) * 128u), 0, 0);
+        };
+        if (lane == 0) {
+          for (uint32_t j = owner; j < kNumStages && j < num_blocks; j += kNumConverterWarps) load_x(j);
+        }
+        // kPar steps from row r0 of the stage's slot into its payload and scales.
+        auto convert = [&](auto par_tag, uint32_t stage, uint32_t r0) {
+          constexpr uint32_t kPar = decltype(par_tag)::value;
+          const uint32_t x_s = smem_addr(smem_x(stage));
+          uint32_t raw[kPar][4], q[kPar][Q::kVec / 4], amax[kPar];
+          float scale[kPar];
+          bool finite[kPar];
+          bool any_nonfinite = false;
+          #pragma unroll
+          for (uint32_t h = 0; h < kPar; ++h) {
+            const uint32_t r = r0 + h * kRowsPerStep + sub;
+            #pragma unroll
+            for (uint32_t w = 0; w < 4; ++w) raw[h][w] = 0u;
+            if (r < rows) ld_shared_v4(raw[h], x_s + r * 128u * T::kXBytes + piece * 16u);
+            amax[h] = quant::abs_max_bits<T::kXDtype>(raw[h], 0u);
+          }
+          #pragma unroll
+          for (uint32_t off = kLanesPerRow / 2; off > 0; off /= 2) {
+            #pragma unroll
+            for (uint32_t h = 0; h < kPar; ++h) amax[h] = max(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], off));
+          }
+          #pragma unroll
+          for (uint32_t h = 0; h < kPar; ++h) {
+            float sc = quant::amax_to_scale<false>(quant::abs_bits_to_f32_bits<T::kXDtype>(amax[h]), kQuantAMinAmax);
+            if (pow2) sc = __uint_as_float(quant::round_up_pow2_bits(__float_as_uint(sc)));
+            scale[h] = sc;
+            finite[h] = __float_as_uint(sc) < 0x7f800000u;
+            any_nonfinite |= !finite[h];
+            // A non-finite scale's reciprocal would be garbage: 1 stands in,
+            // and its bytes are replaced below.
+            quant::quantize<T::kXDtype>(raw[h], quant::scaled_reciprocal(finite[h] ? sc : 1.0f), q[h]);
+          }
+          // NaN / Inf rows (rare): their bytes from the integer-only path.
+          if (__any_sync(0xffffffffu, any_nonfinite)) {
+            #pragma unroll
+            for (uint32_t h = 0; h < kPar; ++h) {
+              if (!finite[h]) quant::quantize_nonfinite<T::kXDtype>(raw[h], scale[h], q[h]);
+            }
+          }
+          const uint32_t a_s = smem_addr(smem_a(stage));
+          float* sfa_s = const_cast<float*>(smem_sfa(stage));
+          #pragma unroll
+          for (uint32_t h = 0; h < kPar; ++h) {
+            const uint32_t r = r0 + h * kRowsPerStep + sub;
+            if (r < rows) {
+              // Byte piece * kVec of row r, under the 128-byte swizzle TMA
+              // would have applied (16-byte chunk c of row r at c ^ (r % 8)).
+              const uint32_t col = piece * Q::kVec;
+              const uint32_t off = r * 128u + (((col / 16u) ^ (r % 8u)) << 4) + col % 16u;
+              if constexpr (Q::kVec == 8) {
+                st_shared_v2_u32(a_s + off, q[h][0], q[h][1]);
+              } else {
+                st_shared_u32(a_s + off, q[h][0]);
+              }
+              if (piece == 0) sfa_s[r] = scale[h];
+            }
+          }
+        };
+        PipeState<kNumStages> pipe;
+        #pragma unroll 1
+        for (uint32_t j = 0; j < num_blocks; ++j, pipe.advance()) {
+          const uint32_t stage = pipe.stage;
+          if (stage % kNumConverterWarps != owner) continue;
+          mbarrier_wait(x_full_bar + stage, pipe.phase);        // x's box of block j
+          mbarrier_wait(empty_bar + stage, pipe.phase ^ 1);     // the math warpgroup released the stage
+          #pragma unroll 1
+          for (uint32_t r0 = 0; r0 < rows;) {
+            if (rows - r0 > kRowsPerStep) {
+              convert(UConst<2>{}, stage, r0);
+              r0 += 2 * kRowsPerStep;
+            } else {
+              convert(UConst<1>{}, stage, r0);
+              r0 += kRowsPerStep;
+            }
+          }
+          fence_proxy_async_smem();   // the payload, to WGMMA's async proxy
+          __syncwarp();               // and every lane's reads of the slot done
+          if (lane == 0) {
+            mbarrier_arrive(full_bar + stage);
+            // The slot is free: x's box of the stage's next block, a lap ahead.
+            if (j + kNumStages < num_blocks) load_x(j + kNumStages);
+          }
+        }
+      }
+    }
   } else {
     // ------------------------------------------------------------------ math
     if constexpr (kNumMathWG == 2) setmaxnreg_inc<232>();
@@ -437,6 +646,8 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
     const uint32_t desc_a0 = smem_desc_sw128_lo(smem_a(0)) +
                              __shfl_sync(0xffffffffu, row_off(0) * 128 / 16, 0);
     const uint32_t desc_b0 = smem_desc_sw128_lo(smem_b(0));
+    // kQuantA: the stage's 8 payload rows stand for all 64 (8-row groups 0 bytes apart).
+    constexpr uint64_t kADescHi = T::kQuantA ? kSmemDescSw128Hi8Rows : kSmemDescSw128Hi;
     float accum[kNumAccum];
     float final_accum[kWaves][kNumAccum];
     uint32_t red_phase = 0;   // split K across the cluster: exchanges done, mod 2
@@ -502,8 +713,9 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
         // Issue the four k32 WGMMAs of one stage for sub-tile v into `acc`
         // (the first clears it) and commit them as one group.
         auto issue_mma = [&](float* acc, uint32_t s, uint32_t v) {
-          wgmma_fp8_k128<BLOCK_N, kNumAccum>(acc, desc_a0 + (s * Smem::kA + (row_off(v) - row_off(0)) * 128) / 16,
-                                             desc_b0 + s * Smem::kB / 16);
+          wgmma_fp8_k128<BLOCK_N, kNumAccum, kADescHi>(acc,
+                                                       desc_a0 + (s * Smem::kA + (row_off(v) - row_off(0)) * 128) / 16,
+                                                       desc_b0 + s * Smem::kB / 16);
         };
         // After a wait: the accumulator's values are final from here on
         // (keeps the compiler from reading them earlier).

@@ -23,13 +23,15 @@ struct PipeState {
   }
 };
 
-// Called by one thread before any arrival: a full barrier expects one
-// arrival (plus its transaction bytes), an empty one `empty_arrivals`.
+// Called by one thread before any arrival: a full barrier expects
+// `full_arrivals` arrivals (the producer's, plus its transaction bytes; the
+// 1D2D kernel's in-kernel quantisation of A adds its converter warp's), an
+// empty one `empty_arrivals`.
 template <uint32_t kNumStages>
 __device__ __forceinline__ void init_stage_barriers(uint64_t* full_bar, uint64_t* empty_bar,
-                                                    uint32_t empty_arrivals) {
+                                                    uint32_t empty_arrivals, uint32_t full_arrivals = 1) {
   for (uint32_t s = 0; s < kNumStages; ++s) {
-    mbarrier_init(full_bar + s, 1);
+    mbarrier_init(full_bar + s, full_arrivals);
     mbarrier_init(empty_bar + s, empty_arrivals);
   }
 }

@@ -176,6 +176,7 @@ __all__ = [
     "smem_size", "max_stages", "candidate_block_ms", "candidate_block_ns",
     "swizzle_d_bytes", "is_legal", "make_config", "tile_counts", "max_k",
     "format_table", "BENCHMARK_CASES", "split_k_skew", "check_n_k", "math_warpgroup_options",
+    "quant_a_config", "QUANT_A_MAX_ROWS",
 ]
 
 KINDS = ("normal", "contiguous", "masked")
@@ -251,23 +252,58 @@ def _align(x: int, a: int) -> int:
 # ---------------------------------------------------------------------------
 
 def smem_size(block_m: int, block_n: int, num_stages: int, k: int, num_k_splits: int = 1,
-              num_math_warpgroups: int = 2) -> int:
+              num_math_warpgroups: int = 2, quant_a: int = 0) -> int:
     """Dynamic shared memory (bytes) of the kernel; the kernel static-asserts
     the same formula::
 
         align(BM*BN*2, 1024)                        D staging (BF16)
       + (64*BN*4 if BM == 64 and 2 warpgroups)      the warpgroups' split-K reduction (FP32)
       + (align(BM*BN*4 + 16, 1024) if split)        cluster split-K partial tile (FP32) + 2 barriers
-      + stages * (BM*128 + BN*128 + align(BM*4, 128))  A, B, A scales
+      + stages * (A + BN*128 + align(BM*4, 128) + X)  A, B, A scales, x
       + align(64 * ceil(K/128), 16)                 B scales: 8 warps x 2 rows x whole K
-      + 256                                         barriers and misc
+      + (384 if quant_a else 256)                   barriers and misc
+
+    with A = BM*128 (FP8, BLOCK_K wide) and X = 0; or, when the kernel
+    quantises float activations itself (``quant_a``: their element size in
+    bytes; gemm_fp8's one-kernel form, :func:`quant_a_config`), A = 8*128
+    (the payload's 8 rows) and X = 8*128*quant_a (the same rows of x), and
+    a third barrier per stage.
     """
+    a_bytes = QUANT_A_MAX_ROWS * BLOCK_K if quant_a else block_m * BLOCK_K
+    x_bytes = QUANT_A_MAX_ROWS * BLOCK_K * quant_a
     return (_align(block_m * block_n * 2, 1024)
             + (64 * block_n * 4 if block_m == 64 and num_math_warpgroups == 2 else 0)
             + (_align(block_m * block_n * 4 + 16, 1024) if num_k_splits == 2 else 0)
-            + num_stages * (block_m * BLOCK_K + block_n * BLOCK_K + _align(block_m * 4, 128))
+            + num_stages * (a_bytes + block_n * BLOCK_K + _align(block_m * 4, 128) + x_bytes)
             + _align(64 * _ceil_div(k, BLOCK_K), 16)
-            + 256)
+            + (384 if quant_a else 256))
+
+
+#: Rows of float activations the kernel quantises itself (gemm_fp8's
+#: one-kernel form): a stage's payload holds 8 rows (fp8_gemm_1d2d.cuh
+#: kQuantARows, "Quantising A in the kernel").
+QUANT_A_MAX_ROWS = 8
+
+
+def quant_a_config(config: GemmConfig, k: int, itemsize: int, smem_limit: int = SMEM_LIMIT) -> GemmConfig | None:
+    """The configuration of the kernel that quantises float activations of
+    ``itemsize`` bytes (2 or 4) itself (gemm_fp8's one-kernel bf16-in form)
+    for the normal GEMM's pick ``config``, or None when that pick has no such
+    form: the in-kernel quantisation needs ``block_m`` = 64 on one math
+    warpgroup and no multicast (the kernel static-asserts it).  Same tile,
+    grid, split K and warpgroup structure, hence the same accumulation order
+    and output bits; the stages are the most that fit its smaller stages
+    (:func:`smem_size` with ``quant_a``), at most 16."""
+    if (config.kind != "normal" or config.block_m != 64 or config.num_math_warpgroups != 1
+            or config.num_multicast != 1):
+        return None
+    stages = MAX_STAGES
+    while stages >= _min_stages(64, config.block_n):
+        size = smem_size(64, config.block_n, stages, k, config.num_k_splits, 1, quant_a=itemsize)
+        if size <= smem_limit:
+            return dataclasses.replace(config, num_stages=stages, smem_bytes=size)
+        stages -= 1
+    return None
 
 
 def max_k(smem_limit: int = SMEM_LIMIT) -> int:

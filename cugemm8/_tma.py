@@ -31,7 +31,7 @@ _cache: "collections.OrderedDict[tuple, np.void]" = collections.OrderedDict()
 _lock = threading.Lock()
 
 #: element sizes (bytes) of the data types cugemm8 uses
-ELEMENT_BYTES = {"u8": 1, "bf16": 2, "f32": 4}
+ELEMENT_BYTES = {"u8": 1, "bf16": 2, "f16": 2, "f32": 4}
 
 
 # The driver bindings are imported with the package when cuda-bindings is
@@ -56,6 +56,7 @@ def _enums(dtype: str, swizzle: int, l2_256: bool):
     d = _driver()
     dt = {"u8": d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8,
           "bf16": d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+          "f16": d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
           "f32": d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32}[dtype]
     sw = {0: d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
           32: d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_32B,

@@ -261,10 +261,20 @@ def _prepare_sfb(sfb, cupy):
 # launch
 # ----------------------------------------------------------------------------
 
-def _kernel_name(cfg: "_config.GemmConfig", n: int, k: int, gemm_type: int, num_groups: int) -> str:
+#: fp8_gemm_1d2d.cuh kAIn of float activations quantised in the kernel
+#: (1 + quant.cuh InDtype), by dtype name; 0 (kAInFp8, the default template
+#: argument, left out of the name) is an FP8 A loaded by TMA.
+A_IN_CODES = {"float32": 1, "float16": 2, "bfloat16": 3}
+#: TMA data types of those activations (cugemm8._tma)
+_X_TMA_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
+def _kernel_name(cfg: "_config.GemmConfig", n: int, k: int, gemm_type: int, num_groups: int,
+                 x_dtype: str | None = None) -> str:
+    a_in = f", {A_IN_CODES[x_dtype]}" if x_dtype is not None else ""
     return (f"cugemm8::fp8_gemm_1d2d_kernel<{n}, {k}, {cfg.block_m}, {cfg.block_n}, {cfg.num_stages}, "
             f"{cfg.num_multicast}, {'true' if cfg.multicast_on_a else 'false'}, {cfg.swizzle_d}, "
-            f"{gemm_type}, {num_groups}, {cfg.num_k_splits}, {cfg.num_math_warpgroups}>")
+            f"{gemm_type}, {num_groups}, {cfg.num_k_splits}, {cfg.num_math_warpgroups}{a_in}>")
 
 
 _printed: set = set()
@@ -323,7 +333,7 @@ def _scale_pitch(sf, rows: int, kb: int) -> int:
 
 
 def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: int, rows: int,
-                    a, sfa, b, sfb, out, layout, groups_a: int, flags: int = 0):
+                    a, sfa, b, sfb, out, layout, groups_a: int, flags: int = 0, x_dtype: str | None = None):
     """Encode descriptors; return a :class:`cugemm8._launch.Launcher` (it
     launches on CuPy's current stream at call time, as a programmatic
     dependent launch when :func:`cugemm8.set_pdl` is on or it is called with
@@ -332,28 +342,44 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
     ``rows`` is the per-group row extent of A / SFA / D (m, m_sum or m_max)
     and ``groups_a`` their group count (1 unless masked); ``flags`` extra
     kernel flag bits (``kFlagBEvictFirst`` is added by :func:`b_evict_first`'s
-    rule).
+    rule).  With ``x_dtype`` (a key of :data:`A_IN_CODES`), ``a`` is not an
+    FP8 payload but the float activations ``[m, k_x]`` (``k_x`` padding to
+    ``k``; a contiguous last dimension, 16-byte aligned base and row stride)
+    that the kernel quantises itself (``cfg`` from
+    :func:`cugemm8._config.quant_a_config`), and ``sfa`` is None.
     """
     kb = -(-k // 128)
     if b_evict_first(rows, cfg.block_m, k):
         flags |= FLAG_B_EVICT_FIRST
-    name = _kernel_name(cfg, n, k, _GEMM_TYPE[kind], num_groups)
+    name = _kernel_name(cfg, n, k, _GEMM_TYPE[kind], num_groups, x_dtype)
     kern = _jit.get_kernel(_HEADER, name, max_dynamic_smem=cfg.smem_bytes)
 
-    a_row = _map_stride(a, -2, k)
-    a_grp = _map_stride(a, 0, a_row * rows) if a.ndim == 3 else _map_stride(None, 0, a_row * rows)
     box_m = a_box_rows(rows, cfg.block_m)
-    tmap_a = _tma.make_descriptor("u8", a.data.ptr, (k, rows, groups_a), (a_row, a_grp),
-                                  (128, box_m, 1), swizzle=128)
+    if x_dtype is None:
+        a_row = _map_stride(a, -2, k)
+        a_grp = _map_stride(a, 0, a_row * rows) if a.ndim == 3 else _map_stride(None, 0, a_row * rows)
+        tmap_a = _tma.make_descriptor("u8", a.data.ptr, (k, rows, groups_a), (a_row, a_grp),
+                                      (128, box_m, 1), swizzle=128)
+    else:
+        # The activations' own K (the tail past it reads as zeros, as the
+        # per-token cast pads it); no swizzle: the kernel's converter warps
+        # read the box row by row (fp8_gemm_1d2d.cuh).
+        a_row = _map_stride(a, -2, -(-a.shape[1] * a.itemsize // 16) * 16)
+        tmap_a = _tma.make_descriptor(_X_TMA_DTYPES[x_dtype], a.data.ptr, (a.shape[1], rows, 1),
+                                      (a_row, _map_stride(None, 0, a_row * rows)), (128, box_m, 1),
+                                      swizzle=0)
     b_row = _map_stride(b, -2, k)
     b_grp = _map_stride(b, 0, b_row * n) if b.ndim == 3 else _map_stride(None, 0, b_row * n)
     tmap_b = _tma.make_descriptor("u8", b.data.ptr, (k, n, num_groups if b.ndim == 3 else 1),
                                   (b_row, b_grp), (128, cfg.block_n, 1), swizzle=128)
-    m_pad = _scale_pitch(sfa, rows, kb)
-    s_grp = _map_stride(sfa, 0, m_pad * kb * 4) if sfa.ndim == 3 else _map_stride(None, 0, m_pad * kb * 4)
-    tmap_sfa = _tma.make_descriptor("f32", sfa.data.ptr, (rows, kb, groups_a),
-                                    (m_pad * 4, s_grp), (-(-box_m // 4) * 4, 1, 1),
-                                    swizzle=0, l2_256=False)
+    if sfa is None:
+        tmap_sfa = _tma.NULL_DESCRIPTOR          # A's scales come from the kernel's own quantisation
+    else:
+        m_pad = _scale_pitch(sfa, rows, kb)
+        s_grp = _map_stride(sfa, 0, m_pad * kb * 4) if sfa.ndim == 3 else _map_stride(None, 0, m_pad * kb * 4)
+        tmap_sfa = _tma.make_descriptor("f32", sfa.data.ptr, (rows, kb, groups_a),
+                                        (m_pad * 4, s_grp), (-(-box_m // 4) * 4, 1, 1),
+                                        swizzle=0, l2_256=False)
     if out.ndim == 3 and out.shape[-2] == 1 and out.shape[0] > 1:
         # One row per group: the kernel's row stride is the group stride.
         d_row = out.strides[0]
@@ -375,6 +401,9 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
 
 #: fp8_gemm_1d2d.cuh kFlagBEvictFirst
 FLAG_B_EVICT_FIRST = 2
+#: fp8_gemm_1d2d.cuh kFlagAPow2Scale: power-of-two scales for the activations
+#: the kernel quantises itself
+FLAG_A_POW2_SCALE = 4
 #: the evict-first rule's limits (see b_evict_first); probe switches
 B_EVICT_FIRST_MAX_M_BLOCKS = 4
 B_EVICT_FIRST_MIN_K = 1536

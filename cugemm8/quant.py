@@ -762,13 +762,16 @@ def gemm_fp8(a: cupy.ndarray | tuple[cupy.ndarray, cupy.ndarray],
         _gemm._check_placement(out, arrays, cupy)
     else:
         check_on_current_device(arrays, cupy)
-    if not (a_pair and b_pair) and not (fused and workspace is not None):
+    one_kernel = _one_kernel_config(a, n, k, _gemm) if fused else None
+    if not (a_pair and b_pair) and not (fused and (workspace is not None or one_kernel is not None)):
         refuse_temporary_under_capture(
             "gemm_fp8 quantises its float operands into temporaries",
             "pass workspace=cupy.empty(cugemm8.gemm_fp8_workspace_bytes(m, k), dtype=cupy.uint8) "
             "(kept alive as long as the graph) for float activations with quantised weights, or "
             "quantise before capturing with per_token_cast_to_fp8 / per_block_cast_to_fp8, keep "
             "their outputs alive, and capture gemm_fp8_fp8_bf16_nt on them", cupy)
+    if one_kernel is not None:
+        return _gemm_fp8_one_kernel(a, b, out, one_kernel, pow2_scale, key, cupy, _gemm)
     if fused:
         return _gemm_fp8_fused(a, b, out, workspace, pow2_scale, key, cupy, _gemm)
     lhs = tuple(a) if a_pair else per_token_cast_to_fp8(a, pow2_scale=pow2_scale)
@@ -845,14 +848,62 @@ def _check_workspace(ws, m: int, k: int, fused: bool, others: dict, cupy) -> Non
 
 
 def _fused_key(a, b, out, workspace, pow2_scale, gemm):
-    """The repeated-call cache key of a fused call that can be cached (a
-    workspace, an out, no copies), else None: the GEMMs' own key
-    (:func:`cugemm8.gemm._fast_key`: device, SM budget, every array's
+    """The repeated-call cache key of a fused call (an out, no copies; a
+    workspace, or none for the one-kernel form), else None: the GEMMs' own
+    key (:func:`cugemm8.gemm._fast_key`: device, SM budget, every array's
     signature, ``pow2_scale`` by type and value), with ``(a, workspace)``
-    in the place of the quantised pair."""
-    if workspace is None:
+    (``(a, a)`` without one) in the place of the quantised pair.  Only
+    launches that hold no temporary are remembered under it (the callers)."""
+    return gemm._fast_key("gemm_fp8 fused", (a, a if workspace is None else workspace), b, out, pow2_scale,
+                          workspace is None)
+
+
+#: Rows of float activations up to which :func:`gemm_fp8`'s fused path
+#: quantises them inside the GEMM (one kernel; fp8_gemm_1d2d.cuh, "Quantising
+#: A in the kernel") instead of in a per-token prologue kernel, by element
+#: size.  Every CTA converts its whole A block, so the form pays only for a
+#: few rows; the kernel's own limit is _config.QUANT_A_MAX_ROWS (8).
+ONE_KERNEL_MAX_M = {2: 8, 4: 8}
+
+
+def _one_kernel_config(x, n: int, k: int, gemm):
+    """The configuration of :func:`gemm_fp8`'s one-kernel form for float
+    activations ``x [m, k_x]`` (validated; ``k`` = padded_k(k_x)) against
+    quantised weights ``[n, k]``, or None when that form does not apply: more
+    than :data:`ONE_KERNEL_MAX_M` rows, a layout TMA cannot read in place
+    (the last dimension not contiguous, the base or row stride not 16-byte
+    aligned), or a GEMM pick without such a form
+    (:func:`cugemm8._config.quant_a_config`).  The pick is the normal GEMM's
+    own (tuned or heuristic), so the output bits are those of
+    ``per_token_cast_to_fp8`` followed by :func:`cugemm8.gemm_fp8_fp8_bf16_nt`."""
+    m, item = x.shape[0], x.itemsize
+    if not 1 <= m <= min(ONE_KERNEL_MAX_M.get(item, 0), _config.QUANT_A_MAX_ROWS):
         return None
-    return gemm._fast_key("gemm_fp8 fused", (a, workspace), b, out, pow2_scale)
+    if x.data.ptr % 16 or (x.shape[1] > 1 and x.strides[1] != item) or (m > 1 and x.strides[0] % 16):
+        return None
+    return _config.quant_a_config(gemm._select("normal", m, n, k, 1), k, item)
+
+
+def _gemm_fp8_one_kernel(x, b, out, cfg, pow2_scale, key, cupy, gemm):
+    """The one-kernel form of :func:`gemm_fp8`'s fused path (see
+    :func:`_one_kernel_config`): validated float ``x`` [m, k_x], quantised
+    ``b`` pair, configuration ``cfg``.  Holds no temporary, so it captures
+    in CUDA graphs without a workspace."""
+    check_quant_options(_DEFAULT_MIN_AMAX, pow2_scale)
+    m, kp = x.shape[0], padded_k(x.shape[1])
+    b_q = gemm._as_fp8("b payload", b[0], 2, cupy)
+    sfb = gemm._prepare_sfb(b[1], cupy)
+    n = b_q.shape[0]
+    if out is None:
+        import ml_dtypes
+        out = cupy.empty((m, n), dtype=ml_dtypes.bfloat16)
+    flags = gemm.FLAG_A_POW2_SCALE if pow2_scale else 0
+    launch = gemm._prepare_launch(cfg, "normal", n, kp, 1, m, m, x, None, b_q, sfb, out, None, 1, flags,
+                                  x_dtype=x.dtype.name)
+    launch()
+    if sfb is b[1]:
+        gemm._remember(key, launch, False)
+    return out
 
 
 def _gemm_fp8_fused(x, b, out, workspace, pow2_scale, key, cupy, gemm):
@@ -882,7 +933,7 @@ def _gemm_fp8_fused(x, b, out, workspace, pow2_scale, key, cupy, gemm):
         quant_launch()
         gemm_launch(pdl=True)
     run()
-    if xk is x and sfb is b[1]:
+    if xk is x and sfb is b[1] and workspace is not None:
         gemm._remember(key, run, False)
     return out
 

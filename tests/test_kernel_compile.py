@@ -38,8 +38,24 @@ ONE_WARPGROUP = [("normal", 128, 8, 1, 32768, 512), ("normal", 64, 13, 1, 4096, 
                  ("masked", 128, 7, 1, 1000, 768), ("contiguous", 32, 8, 2, 520, 1168)]
 
 
-def _names():
+# gemm_fp8's one-kernel form (the GEMM quantises float activations itself):
+# the heuristic's DeepSeek-V3 picks at these M that have one, in every input dtype.
+ONE_KERNEL_MS = (1, 8)
+
+
+def _one_kernel_names():
     names = set()
+    for m in ONE_KERNEL_MS:
+        for n, k in DEEPSEEK_NK:
+            for dtype, itemsize in (("bfloat16", 2), ("float16", 2), ("float32", 4)):
+                cfg = _config.quant_a_config(_config.select_config("normal", m, n, k, num_sms=132), k, itemsize)
+                if cfg is not None:
+                    names.add(_gemm._kernel_name(cfg, n, k, 0, 1, dtype))
+    return names
+
+
+def _names():
+    names = set(_one_kernel_names())
     for m, n, k in NORMAL:
         cfg = _config.select_config("normal", m, n, k, num_sms=132)
         names.add(_gemm._kernel_name(cfg, n, k, 0, 1))
@@ -75,6 +91,15 @@ def test_every_instantiation_compiles_without_spills(report):
         assert r.stack_frame == 0, r
         assert r.spill_stores == 0 and r.spill_loads == 0, r
         assert r.registers <= 255, r
+
+
+def test_one_kernel_form_covers_most_decode_picks():
+    """The in-kernel quantisation exists for the BLOCK_M = 64 one-warpgroup
+    picks: five of the six DeepSeek-V3 (N, K) at M = 1 (all but 7168 x 16384,
+    whose pick runs two math warpgroups)."""
+    names = _one_kernel_names()
+    assert len(names) >= 5 * len(_gemm.A_IN_CODES)
+    assert all(name.endswith((", 1>", ", 2>", ", 3>")) for name in names)
 
 
 def test_no_ptxas_performance_warnings(report):
@@ -130,10 +155,20 @@ def test_smem_layout_matches_the_python_formula():
                 for splits in ((1, 2) if bm in _config.SPLIT_K_BLOCK_MS else (1,)):
                     for wgs in _config.math_warpgroup_options(bm):
                         for stages in (2, 5, 16):
-                            t = f"cugemm8::SmemLayout<{k}u, {bm}u, {bn}u, {stages}u, {splits}u, {wgs}u>"
-                            want = _config.smem_size(bm, bn, stages, k, splits, wgs)
-                            checks.append(f"static_assert({t}::kTotal == {want}u && {t}::kOffA % 1024 == 0 && "
-                                          f"{t}::kOffClusterBar % 8 == 0, \"{k} {bm} {bn} {stages} {splits} {wgs}\");")
+                            for quant_a in (0, 2, 4):
+                                t = (f"cugemm8::SmemLayout<{k}u, {bm}u, {bn}u, {stages}u, {splits}u, {wgs}u, "
+                                     f"{quant_a}u>")
+                                want = _config.smem_size(bm, bn, stages, k, splits, wgs, quant_a)
+                                checks.append(f"static_assert({t}::kTotal == {want}u && {t}::kOffA % 1024 == 0 "
+                                              f"&& {t}::kOffB % 1024 == 0 && {t}::kOffX % 128 == 0 "
+                                              f"&& {t}::kOffClusterBar % 8 == 0, "
+                                              f"\"{k} {bm} {bn} {stages} {splits} {wgs} {quant_a}\");")
+    # The rows of float activations a stage holds beside their payload.
+    for dtype, code in _gemm.A_IN_CODES.items():
+        itemsize = {"float32": 4, "float16": 2, "bfloat16": 2}[dtype]
+        t = f"cugemm8::GemmTraits<2112u, 7168u, 64u, 32u, 16u, 1u, false, 64u, 0u, 1u, 2u, 1u, {code}u>"
+        checks.append(f"static_assert({t}::kMaxQuantARows == {_config.QUANT_A_MAX_ROWS}u && "
+                      f"{t}::kXBytes == {itemsize}u, \"{dtype}\");")
     _compile_static_asserts(checks)
 
 

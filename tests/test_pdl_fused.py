@@ -140,15 +140,18 @@ def test_bad_workspace_is_named_before_any_launch(no_launch, case):
 
 
 def test_fused_path_under_capture_needs_a_workspace(no_launch, monkeypatch):
+    """The two-kernel form (here: more rows than the one-kernel form takes)
+    quantises into a workspace, which capture needs to be the caller's."""
     from cugemm8 import _checks
     monkeypatch.setattr(_checks, "capturing", lambda cupy: True)
-    x, out = fake((8, 512), BF16), fake((8, 256), BF16)
+    m = max(_quant.ONE_KERNEL_MAX_M.values()) + 1
+    x, out = fake((m, 512), BF16), fake((m, 256), BF16)
     with pytest.raises(ValueError, match="gemm_fp8_workspace_bytes"):
         cugemm8.gemm_fp8(x, _weights(), out)
     # with one, a K padding (k % 16 != 0) still needs a temporary: refused too
     with pytest.raises(ValueError, match="zero-pad"):
-        cugemm8.gemm_fp8(fake((8, 500), BF16, strides=(1008, 2)), _weights(k=512), out,
-                         workspace=fake((cugemm8.gemm_fp8_workspace_bytes(8, 500),), np.uint8))
+        cugemm8.gemm_fp8(fake((m, 500), BF16, strides=(1008, 2)), _weights(k=512), out,
+                         workspace=fake((cugemm8.gemm_fp8_workspace_bytes(m, 500),), np.uint8))
     assert no_launch == []
 
 
@@ -181,6 +184,7 @@ def _stub_gemm_launches(monkeypatch):
 def test_fused_path_quantises_into_the_workspace_then_launches_the_gemm_as_its_dependent(monkeypatch, m, k):
     n = 2112
     rec = _stub_gemm_launches(monkeypatch)
+    monkeypatch.setattr(_quant, "ONE_KERNEL_MAX_M", {})          # the two-kernel form at every m
     monkeypatch.setattr(_gemm, "_select",
                         lambda kind, m_, n_, k_, g: _config.select_config(kind, m_, n_, k_, num_sms=132))
     order = []
@@ -232,6 +236,7 @@ def test_fused_cache_key_keeps_the_pow2_scale_value(monkeypatch):
 def test_fused_repeated_call_is_cached(monkeypatch):
     m, n, k = 8, 2112, 7168
     rec = _stub_gemm_launches(monkeypatch)
+    monkeypatch.setattr(_quant, "ONE_KERNEL_MAX_M", {})          # the two-kernel form
     selected = []
 
     def select(kind, m_, n_, k_, g):
@@ -253,6 +258,140 @@ def test_fused_repeated_call_is_cached(monkeypatch):
         cugemm8.set_pdl(True)
         cugemm8.gemm_fp8(x, b, out, workspace=ws)     # now the quantiser is a dependent too
         assert rec.launches == 2 and len(_ExRecorder.log) == 4
+    finally:
+        _gemm.clear_launch_cache()
+
+
+# ---------------------------------------------------------------- the one-kernel form
+
+def _heuristic_select(monkeypatch):
+    """``_gemm._select`` answered by the heuristic at 132 SMs; returns the
+    list of the calls made."""
+    calls = []
+
+    def select(kind, m_, n_, k_, g):
+        calls.append((kind, m_, n_, k_))
+        return _config.select_config(kind, m_, n_, k_, num_sms=132)
+    monkeypatch.setattr(_gemm, "_select", select)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16), np.dtype(np.float32)], ids=str)
+@pytest.mark.parametrize("m,n,k,pow2", [(1, 2112, 7168, False), (5, 4096, 1000, True), (8, 7168, 2048, False),
+                                        (3, 32768, 512, False)])
+def test_one_kernel_form_launches_the_gemm_on_x_itself(monkeypatch, dtype, m, n, k, pow2):
+    """At few rows the GEMM quantises x itself: one launch, of the pick's
+    quant_a twin named with x's dtype; tmap_a maps x (its own K, no swizzle,
+    a box of m rows), tmap_sfa is empty, the pow2 flag is passed."""
+    if m > _quant.ONE_KERNEL_MAX_M[dtype.itemsize]:
+        pytest.skip("more rows than this dtype's one-kernel form takes")
+    from cugemm8 import _jit
+    rec = _stub_gemm_launches(monkeypatch)
+    names = []
+    monkeypatch.setattr(_jit, "get_kernel",
+                        lambda header, name, **kw: names.append((name, kw)) or rec.get_kernel(header, name, **kw))
+    _heuristic_select(monkeypatch)
+    monkeypatch.setattr(_quant, "_launch_per_token", lambda *a, **kw: pytest.fail("no separate quantiser"))
+    kp = -(-k // 16) * 16
+    x, out = fake((m, k), dtype, strides=(kp * dtype.itemsize, dtype.itemsize)), fake((m, n), BF16)
+    _gemm.clear_launch_cache()
+    try:
+        assert cugemm8.gemm_fp8(x, _weights(n, kp), out, pow2_scale=pow2) is out
+        pick = _config.select_config("normal", m, n, kp, num_sms=132)
+        cfg = _config.quant_a_config(pick, kp, dtype.itemsize)
+        assert cfg is not None and rec.launches == 1
+        (name, kw), = names
+        assert name == _gemm._kernel_name(cfg, n, kp, 0, 1, dtype.name)
+        assert kw["max_dynamic_smem"] == cfg.smem_bytes == _config.smem_size(
+            64, pick.block_n, cfg.num_stages, kp, pick.num_k_splits, 1, quant_a=dtype.itemsize)
+        x_map = rec.maps[0]
+        tma_dtype = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}[dtype.name]
+        assert x_map[:3] == (tma_dtype, x.data.ptr, (k, m, 1)) and x_map[4] == (128, m, 1)
+        assert m == 1 or x_map[3][0] == x.strides[0]
+        assert len(rec.maps) == 3                         # x, B, D: no SFA map
+        flags = int(rec.args[2])
+        assert bool(flags & _gemm.FLAG_A_POW2_SCALE) == pow2
+        assert bool(flags & _gemm.FLAG_B_EVICT_FIRST) == _gemm.b_evict_first(m, 64, kp)
+        assert rec.args[9] is _launch._tma.NULL_DESCRIPTOR  # tmap_sfa
+    finally:
+        _gemm.clear_launch_cache()
+
+
+def test_one_kernel_form_rules(monkeypatch):
+    """When the fused path takes the one-kernel form: at most
+    ONE_KERNEL_MAX_M rows (and the kernel's own per-dtype limit), x readable
+    by TMA in place, and a pick that has an in-kernel-quantising twin."""
+    _heuristic_select(monkeypatch)
+    n, k = 2112, 7168
+
+    def one(x, n=n, k=k):
+        return _quant._one_kernel_config(x, n, k, _gemm)
+    for dtype in (BF16, np.dtype(np.float32)):
+        limit = _quant.ONE_KERNEL_MAX_M[dtype.itemsize]
+        assert limit <= _config.QUANT_A_MAX_ROWS
+        assert one(fake((limit, k), dtype)) is not None
+        assert one(fake((limit + 1, k), dtype)) is None
+    assert one(fake((4, k), BF16, offset=8)) is None                        # base not 16-byte aligned
+    assert one(fake((4, k), BF16, strides=(2 * k + 2, 2))) is None          # row stride not a multiple of 16
+    assert one(fake((4, k), BF16, strides=(4 * k, 4))) is None              # last dimension strided
+    assert one(fake((1, k), BF16, strides=(6, 2))) is not None              # one row: any row stride
+    assert one(fake((4, 1000), BF16, strides=(2016, 2)), k=1008) is not None  # K tail: TMA zero-fills it
+    monkeypatch.setattr(_quant, "ONE_KERNEL_MAX_M", {2: 64, 4: 64})
+    assert one(fake((_config.QUANT_A_MAX_ROWS + 1, k), BF16)) is None        # past the kernel's own limit
+    assert one(fake((_config.QUANT_A_MAX_ROWS + 1, k), np.float32)) is None
+    # a pick with no twin: two math warpgroups at 7168 x 16384
+    assert _config.select_config("normal", 1, 7168, 16384, num_sms=132).num_math_warpgroups == 2
+    assert one(fake((1, 16384), BF16), n=7168, k=16384) is None
+
+
+def test_quant_a_config():
+    """The in-kernel-quantising twin keeps the tile, grid, split K and
+    warpgroups (so the accumulation order, hence the bits); its stages (an
+    8-row payload and an 8-row x slot instead of a 64-row A) are the most
+    that fit, at most 16; it does not exist for BLOCK_M 128 / 256, two math
+    warpgroups or multicast."""
+    k = 7168
+    for n, itemsize in ((2112, 2), (24576, 2), (32768, 4), (7168, 4)):
+        kn = 2048 if n == 7168 else (1536 if n == 24576 else (512 if n == 32768 else k))
+        pick = _config.select_config("normal", 8, n, kn, num_sms=132)
+        twin = _config.quant_a_config(pick, kn, itemsize)
+        assert (twin.block_m, twin.block_n, twin.num_k_splits, twin.num_sms, twin.num_math_warpgroups) == \
+            (pick.block_m, pick.block_n, pick.num_k_splits, pick.num_sms, 1)
+        assert twin.num_stages >= pick.num_stages
+        assert twin.smem_bytes == _config.smem_size(64, pick.block_n, twin.num_stages, kn, pick.num_k_splits, 1,
+                                                    quant_a=itemsize) <= _config.SMEM_LIMIT
+        assert twin.num_stages == _config.MAX_STAGES or _config.smem_size(
+            64, pick.block_n, twin.num_stages + 1, kn, pick.num_k_splits, 1, quant_a=itemsize) > _config.SMEM_LIMIT
+    # the per-stage bytes: an 8-row payload, B, A's scales and 8 rows of x
+    one = _config.smem_size(64, 32, 1, k, 1, 1, quant_a=2) - _config.smem_size(64, 32, 0, k, 1, 1, quant_a=2)
+    assert one == 1024 + 32 * 128 + 256 + 2048
+    assert _config.smem_size(64, 32, 0, k, 1, 1, quant_a=4) == _config.smem_size(64, 32, 0, k, 1, 1) + 128
+    wide = _config.make_config("normal", 64, 192, 6, 1536, num_math_warpgroups=1, num_sms=128)
+    limit = _config.smem_size(64, 192, 5, 1536, 1, 1, quant_a=2)
+    assert _config.quant_a_config(wide, 1536, 2, smem_limit=limit).num_stages == 5
+    for cfg in (_config.make_config("normal", 128, 64, 6, k, num_sms=112),
+                _config.make_config("normal", 64, 64, 10, k, num_sms=112),
+                _config.make_config("normal", 64, 64, 10, k, num_sms=112, num_multicast=2, num_math_warpgroups=1),
+                _config.make_config("masked", 64, 64, 10, k, num_sms=112, num_math_warpgroups=1)):
+        assert _config.quant_a_config(cfg, k, 2) is None, cfg
+
+
+def test_one_kernel_form_captures_without_a_workspace_and_is_cached(monkeypatch):
+    from cugemm8 import _checks
+    rec = _stub_gemm_launches(monkeypatch)
+    calls = _heuristic_select(monkeypatch)
+    monkeypatch.setattr(_checks, "capturing", lambda cupy: True)
+    m, n, k = 8, 2112, 7168
+    x, out = fake((m, k), BF16), fake((m, n), BF16)
+    b = _weights(n, k)
+    _gemm.clear_launch_cache()
+    try:
+        cugemm8.gemm_fp8(x, b, out)                        # no temporary: no refusal under capture
+        cugemm8.gemm_fp8(x, b, out)
+        assert rec.launches == 2 and len(calls) == 1       # validated and configured once
+        # a workspace changes nothing but the cache key
+        cugemm8.gemm_fp8(x, b, out, workspace=fake((cugemm8.gemm_fp8_workspace_bytes(m, k),), np.uint8))
+        assert rec.launches == 3 and len(calls) == 2
     finally:
         _gemm.clear_launch_cache()
 

@@ -576,3 +576,169 @@ def test_pdl_is_off_in_a_fresh_process():
                          cwd=root, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "False"
+
+
+# ---------------------------------------------------------------- 8. the one-kernel form
+
+@contextlib.contextmanager
+def one_kernel_up_to(rows: dict):
+    """gemm_fp8's fused path takes its one-kernel form up to ``rows[itemsize]``
+    rows (at most the kernel's own limit); the launch cache is cleared on the
+    way in and out (its keys do not hold the form)."""
+    from cugemm8 import gemm, quant
+    saved = quant.ONE_KERNEL_MAX_M
+    quant.ONE_KERNEL_MAX_M = dict(rows)
+    gemm.clear_launch_cache()
+    try:
+        yield
+    finally:
+        quant.ONE_KERNEL_MAX_M = saved
+        gemm.clear_launch_cache()
+
+
+def assert_one_kernel(x, n, what=""):
+    from cugemm8 import gemm, quant
+    k = quant.padded_k(x.shape[1])
+    assert quant._one_kernel_config(x, n, k, gemm) is not None, f"{what}: not the one-kernel form"
+
+
+ONE_KERNEL_SHAPES = [(2112, 7168), (24576, 1536), (32768, 512), (4096, 7168), (7168, 2048),
+                     (520, 1000), (24, 144), (1000, 7184)]
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("n,k", ONE_KERNEL_SHAPES, ids=str)
+def test_one_kernel_form_bit_identical(cp, rng, weights, n, k, dtype_name):
+    """The GEMM quantising x itself gives the bits of per_token_cast_to_fp8
+    followed by the GEMM, at every row count up to the kernel's limit (8
+    rows): the DeepSeek-V3 picks (split K across a pair at 2112 x 7168, 6-16
+    stages, one to two tiles per CTA), N tails, K tails (1000, 144: the x
+    box past K zero-filled; 7184: an odd number of K blocks), into poisoned
+    outputs with guards, out given and not."""
+    dt = DTYPES[dtype_name]
+    from cugemm8 import _config
+    limit = _config.QUANT_A_MAX_ROWS
+    rhs = weights(n, k)
+    kp, ran = -(-k // 16) * 16, []
+    with one_kernel_up_to({2: limit, 4: limit}):
+        for m in sorted({1, 2, 3, 4, 5, limit - 1, limit}):
+            what = f"m={m} n={n} k={k} {dtype_name}"
+            x = randn(cp, seed_of(rng), (m, k), dt, scale=2.0)
+            if _config.quant_a_config(cugemm8.gemm._select("normal", m, n, kp, 1), kp, dt.itemsize) is None:
+                continue                                     # this m's pick has no one-kernel form
+            ran.append(m)
+            assert_one_kernel(x, n, what)
+            out, (a, sfa) = fused_vs_two_launch(cp, x, rhs, what=what)
+            if m in (1, limit):
+                ref, bound = H.reference_and_bound(cp, a, sfa, *rhs)
+                H.check_against(cp, out, ref, bound, what=what)
+    if not ran:
+        pytest.skip(f"n={n} k={k}: no pick at these m has a one-kernel form")
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+def test_one_kernel_form_special_values(cp, rng, weights, dtype_name):
+    """NaN, Inf, zero, the dtype's max, subnormal and smallest-normal rows
+    quantised in the kernel: the two-launch path's bits, NaN / Inf kept in
+    their rows."""
+    dt = DTYPES[dtype_name]
+    from cugemm8 import _config
+    m, n, k = _config.QUANT_A_MAX_ROWS, 2112, 7168
+    rhs = weights(n, k)
+    host = cp.asnumpy(randn(cp, seed_of(rng), (m, k), dt)).copy()
+    signs = np.where(np.arange(k) % 2, -1.0, 1.0)
+    host[0] = np.nan
+    host[2, 300] = np.nan
+    host[3, 5] = np.inf
+    host[4, k - 1] = -np.inf
+    host[5] = 0
+    host[6] = signs * float(ml_dtypes.finfo(dt).max)
+    host[7] = signs * float(ml_dtypes.finfo(dt).smallest_subnormal)
+    host[1, ::3] = signs[::3] * float(ml_dtypes.finfo(dt).smallest_normal)
+    x = cp.asarray(host)
+    with one_kernel_up_to({2: m, 4: m}):
+        assert_one_kernel(x, n)
+        out, _ = fused_vs_two_launch(cp, x, rhs, what=f"special {dtype_name}")
+    got = H.to_f64(cp, out)
+    for r in (0, 2, 3, 4):
+        assert bool(cp.isnan(got[r]).all()), f"{dtype_name}: row {r} holds NaN / Inf input, must be NaN"
+    assert bool(cp.all(got[5] == 0)), f"{dtype_name}: an all-zero row must give zeros"
+    rest = [r for r in range(m) if r not in (0, 2, 3, 4, 6)]
+    assert bool(cp.isfinite(got[rest]).all()), f"{dtype_name}: NaN / Inf leaked out of its row"
+
+
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float32"])
+def test_one_kernel_form_pow2_scale(cp, rng, weights, dtype_name):
+    m, n, k = 8, 7168, 2048
+    rhs = weights(n, k)
+    x = randn(cp, seed_of(rng), (m, k), DTYPES[dtype_name], scale=5.0)
+    with one_kernel_up_to(cugemm8.quant.ONE_KERNEL_MAX_M):
+        assert_one_kernel(x, n)
+        got, full = H.poisoned_out(cp, m, n)
+        cugemm8.gemm_fp8(x, rhs, got, pow2_scale=True)
+    want = cp.empty((m, n), BF16)
+    cugemm8.gemm_fp8_fp8_bf16_nt(cugemm8.per_token_cast_to_fp8(x, pow2_scale=True), rhs, want)
+    assert_same_bits(cp, got, want, what=f"pow2_scale {dtype_name}")
+    assert H.guards_intact(cp, full, m, n)
+    plain = cp.empty((m, n), BF16)
+    two_launch(cp, x, rhs, plain)
+    assert not bool(cp.all(plain.view(cp.uint16) == want.view(cp.uint16))), "pow2_scale changed nothing"
+
+
+@pytest.mark.parametrize("n,k,num_sms", [(2112, 7168, 4), (32768, 512, 6), (7168, 2048, 3)])
+def test_one_kernel_form_many_tiles_per_cta(cp, rng, weights, n, k, num_sms):
+    """A small SM budget: each persistent CTA runs many tiles, so every
+    stage's converter warp walks many laps of the ring (the x_full and full
+    barriers' phases) across tiles."""
+    rhs = weights(n, k)
+    saved = cugemm8.get_num_sms()
+    cugemm8.set_num_sms(num_sms)
+    try:
+        for m in (3, 8):
+            x = randn(cp, seed_of(rng), (m, k))
+            with one_kernel_up_to(cugemm8.quant.ONE_KERNEL_MAX_M):
+                if cugemm8.quant._one_kernel_config(x, n, k, cugemm8.gemm) is None:
+                    continue
+                fused_vs_two_launch(cp, x, rhs, what=f"m={m} n={n} k={k} on {num_sms} SMs")
+    finally:
+        cugemm8.set_num_sms(saved)
+
+
+def test_one_kernel_form_reads_strided_rows_in_place(cp, rng, weights):
+    """x a column slice of a wider buffer (row stride 2048 bytes, K = 1000):
+    read in place by TMA, the K tail zero-filled."""
+    m, n, k = 7, 1000, 1000
+    rhs = weights(n, k)
+    buf = randn(cp, seed_of(rng), (m, 1024))
+    x = buf[:, :k]
+    with one_kernel_up_to(cugemm8.quant.ONE_KERNEL_MAX_M):
+        assert_one_kernel(x, n)
+        fused_vs_two_launch(cp, x, rhs, what="strided x")
+
+
+@pytest.mark.parametrize("pdl_on", [False, True], ids=["pdl-off", "pdl-on"])
+def test_one_kernel_form_captures_without_a_workspace(cp, rng, weights, pdl_on):
+    """Nothing temporary: the call captures without a workspace and replays
+    to the two-launch bits of each new x."""
+    m, n, k = 8, 4096, 7168
+    rhs = weights(n, k)
+    x = cp.empty((m, k), BF16)
+    x[...] = randn(cp, seed_of(rng), (m, k))
+    out, full = H.poisoned_out(cp, m, n)
+    with one_kernel_up_to(cugemm8.quant.ONE_KERNEL_MAX_M), pdl(pdl_on):
+        assert_one_kernel(x, n)
+        cugemm8.gemm_fp8(x, rhs, out)                                  # eager: compiles
+        out.view(cp.uint16)[...] = H.POISON_BITS
+        with Capture(cp) as c:
+            cugemm8.gemm_fp8(x, rhs, out)
+        assert_poisoned(cp, full, what="capture must not run the kernel")
+        for replay in range(2):
+            x_new = randn(cp, seed_of(rng), (m, k))
+            x[...] = x_new
+            out.view(cp.uint16)[...] = H.POISON_BITS
+            cp.cuda.Device().synchronize()
+            c.replay()
+            want = cp.empty((m, n), BF16)
+            two_launch(cp, x_new, rhs, want)
+            assert_same_bits(cp, out, want, what=f"replay {replay}")
+            assert H.guards_intact(cp, full, m, n)

@@ -18,6 +18,9 @@ namespace cugemm8 {
 //   bits 62-63: swizzle mode (1 = 128B)
 // The constant fields: stride 1024 B (bits 32-45) and the 128B swizzle (bits 62-63).
 constexpr uint64_t kSmemDescSw128Hi = (static_cast<uint64_t>(1024 >> 4) << 32) | (1ull << 62);
+// The same with 8-row groups 0 bytes apart: every group reads the first 8
+// rows (the 1D2D kernel's in-kernel quantised A: 8 payload rows per stage).
+constexpr uint64_t kSmemDescSw128Hi8Rows = 1ull << 62;
 
 __device__ __forceinline__ uint64_t make_smem_desc_sw128(const void* smem_ptr) {
   const uint64_t addr = smem_addr(smem_ptr);
@@ -51,15 +54,16 @@ __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"
 // `a_lo` / `b_lo` are the low descriptor words (smem_desc_sw128_lo) of the
 // stage's A rows of this sub-tile and of its B tile; each k32 step moves 32
 // bytes along K inside the 128B-swizzled rows (2 in 16-byte units).
-template <uint32_t BLOCK_N, uint32_t kNumAccum>
+// `kADescHi`: the high word of A's descriptors (kSmemDescSw128Hi, or
+// kSmemDescSw128Hi8Rows).
+template <uint32_t BLOCK_N, uint32_t kNumAccum, uint64_t kADescHi = kSmemDescSw128Hi>
 __device__ __forceinline__ void wgmma_fp8_k128(float* acc, uint32_t a_lo, uint32_t b_lo) {
   #pragma unroll
   for (uint32_t i = 0; i < kNumAccum; ++i) fence_operand(acc[i]);
   wgmma_fence();
   #pragma unroll
   for (uint32_t k = 0; k < 4; ++k) {
-    WgmmaFp8<BLOCK_N>::mma(acc, smem_desc_sw128_from_lo(a_lo + k * 2), smem_desc_sw128_from_lo(b_lo + k * 2),
-                           k > 0 ? 1u : 0u);
+    WgmmaFp8<BLOCK_N>::mma(acc, kADescHi | (a_lo + k * 2), smem_desc_sw128_from_lo(b_lo + k * 2), k > 0 ? 1u : 0u);
   }
   wgmma_commit_group();
 }

@@ -392,6 +392,19 @@ def _rank_main(target, rank: int, n: int, device: int, id_file: str, result_queu
         sys.exit(1)
 
 
+def _collect(result_queue, results: dict, timeout_s: float, *, once: bool) -> None:
+    """Move ``(rank, result)`` items from the queue into ``results``: one
+    (waiting up to ``timeout_s``) when ``once``, else until none arrives within ``timeout_s``."""
+    while True:
+        try:
+            rank, res = result_queue.get(timeout=timeout_s)
+        except queue.Empty:
+            return
+        results[rank] = res
+        if once:
+            return
+
+
 def run_ranks(target: Callable, n: int, opts: dict, *, timeout_s: float, need_comm: bool = True,
               devices: list[int] | None = None) -> tuple[dict, str | None]:
     """Start ``n`` spawned processes running ``target(rank, n, comm, nccl, opts, say)``.
@@ -421,11 +434,7 @@ def run_ranks(target: Callable, n: int, opts: dict, *, timeout_s: float, need_co
         results, error = {}, None
         deadline = time.monotonic() + timeout_s
         while True:
-            try:
-                rank, res = result_queue.get(timeout=0.5)
-                results[rank] = res
-            except queue.Empty:
-                pass
+            _collect(result_queue, results, 0.5, once=True)
             codes = [p.exitcode for p in procs]
             if all(c is not None for c in codes):
                 break
@@ -445,12 +454,7 @@ def run_ranks(target: Callable, n: int, opts: dict, *, timeout_s: float, need_co
             if p.is_alive():
                 p.kill()
                 p.join()
-        while True:
-            try:
-                rank, res = result_queue.get(timeout=0.5)
-                results[rank] = res
-            except queue.Empty:
-                break
+        _collect(result_queue, results, 0.5, once=False)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     codes = [p.exitcode for p in procs]

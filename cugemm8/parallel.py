@@ -336,6 +336,25 @@ __device__ __forceinline__ int block_scan_incl(int v, int* warp_sums, int& total
     return incl;
 }
 
+// Every thread of the block calls it with its item (mine: 1 when the item is
+// in this CTA's bucket): the bucket's items are numbered in thread order after
+// the base earlier ones; item p gets out[idx] = first + p, or -1 when p >=
+// capacity (counted in dropped).  Returns the call's item count, to add to base.
+__device__ __forceinline__ int place_in_bucket(int mine, int base, int capacity, int first, int* out,
+                                               int idx, int* warp_sums, int& dropped) {
+    int total;
+    const int p = base + block_scan_incl(mine, warp_sums, total) - mine;
+    if (mine) {
+        if (p < capacity) {
+            out[idx] = first + p;
+        } else {
+            out[idx] = -1;
+            ++dropped;
+        }
+    }
+    return total;
+}
+
 // One CTA per destination rank d.  Pair q = t * top_k + j with expert e in
 // [0, num_experts) and e / experts_per_rank == d gets slot d * slots_per_peer + p,
 // p = number of earlier such pairs; p >= slots_per_peer is dropped.
@@ -354,20 +373,11 @@ extern "C" __global__ void cugemm8_ep_dispatch_plan(
         const int e = q < num_pairs ? topk_ids[q] : -1;
         const bool ok = e >= 0 && e < num_experts;
         const int mine = (ok && e / experts_per_rank == d) ? 1 : 0;
-        int chunk_total;
-        const int p = base + block_scan_incl(mine, warp_sums, chunk_total) - mine;
-        if (mine) {
-            if (p < slots_per_peer) {
-                pair_slot[q] = d * slots_per_peer + p;
-            } else {
-                pair_slot[q] = -1;
-                ++dropped;
-            }
-        } else if (d == 0 && q < num_pairs && !ok) {
+        base += place_in_bucket(mine, base, slots_per_peer, d * slots_per_peer, pair_slot, q, warp_sums, dropped);
+        if (d == 0 && q < num_pairs && !ok) {
             pair_slot[q] = -1;
             invalid += e >= num_experts ? 1 : 0;
         }
-        base += chunk_total;
     }
     if (threadIdx.x == 0) send_counts[d] = min(base, slots_per_peer);
     if (dropped) atomicAdd(&stats[0], dropped);
@@ -422,20 +432,11 @@ extern "C" __global__ void cugemm8_ep_unpack_plan(
             if (valid) le = *reinterpret_cast<const int*>(recv + s * row_bytes + expert_offset);
         }
         const int mine = (valid && le == e) ? 1 : 0;
-        int chunk_total;
-        const int p = base + block_scan_incl(mine, warp_sums, chunk_total) - mine;
-        if (mine) {
-            if (p < m_max) {
-                slot_row[s] = e * m_max + p;
-            } else {
-                slot_row[s] = -1;
-                ++dropped;
-            }
-        } else if (e == 0 && s < num_slots && (!valid || le < 0 || le >= experts_per_rank)) {
+        base += place_in_bucket(mine, base, m_max, e * m_max, slot_row, s, warp_sums, dropped);
+        if (e == 0 && s < num_slots && (!valid || le < 0 || le >= experts_per_rank)) {
             slot_row[s] = -1;
             invalid += valid ? 1 : 0;
         }
-        base += chunk_total;
     }
     if (threadIdx.x == 0) masked_m[e] = min(base, m_max);
     if (dropped) atomicAdd(&stats[1], dropped);

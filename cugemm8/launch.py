@@ -221,8 +221,10 @@ class RankContext:
     stream: Any = None
 
     def say(self, msg: str) -> None:
-        """Print ``[rank r/N] msg`` and flush."""
-        print(f"[rank {self.rank}/{self.world_size}] {msg}", flush=True)
+        """Print ``[rank r/N] msg`` and flush, in one write: with several ranks
+        on one terminal (and unbuffered output) the lines stay whole."""
+        sys.stdout.write(f"[rank {self.rank}/{self.world_size}] {msg}\n")
+        sys.stdout.flush()
 
     def barrier(self) -> None:
         """Every rank reaches this point (:func:`barrier`); a stream sync without a communicator."""

@@ -32,7 +32,9 @@ _ENV_PROBE = """\
 import os, sys, time
 keys = ["CUGEMM8_RANK", "CUGEMM8_WORLD_SIZE", "CUGEMM8_DEVICE", "CUGEMM8_NCCL_ID_FILE",
         "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"]
-print("PROBE", *[os.environ.get(k, "-") for k in keys], "|", *sys.argv[1:], flush=True)
+# one write per line: the ranks share the pipe (and PYTHONUNBUFFERED would split a print)
+sys.stdout.write(" ".join(["PROBE", *[os.environ.get(k, "-") for k in keys], "|", *sys.argv[1:]]) + "\\n")
+sys.stdout.flush()
 rank = int(os.environ["CUGEMM8_RANK"])
 if sys.argv[1:2] == ["fail"] and rank == 1:
     sys.exit(3)

@@ -2,6 +2,7 @@
 
     python benches/bench_tp.py [--tokens 64,1024] [--max-gpus G] [--reps 20]
                                [--reserve-sms 8] [--json OUT]
+    python benches/bench_tp.py --overlap [--chunks 2] [--reserve-sms 8] [...]
 
 The layer is the DeepSeek-V3 dense MLP of examples/tensor_parallel.py
 (hidden 7168, intermediate 18432): per rank, per-token FP8 quantisation of x,
@@ -31,6 +32,26 @@ GPU, the setting one would use to leave SMs to a communication kernel running
 concurrently.  This layer runs the all-reduce after the GEMMs (no overlap), so
 the variant shows what the GEMMs lose by giving up those SMs, the price of any
 overlap scheme.
+
+``--overlap`` measures the overlap machinery instead (every N, one-rank NCCL
+communicator included), per token count, slowest rank:
+
+* "GEMMs" / "GEMMs -R SMs": the layer's two GEMMs alone (operands quantised
+  beforehand) with every SM and with ``--reserve-sms`` R left free
+  (``cugemm8.parallel.reserve_sms``); "SM cost" is their ratio - 1, what the
+  reservation costs the GEMMs;
+* "all-reduce": NCCL's FP32 all-reduce of the layer's output ``[tokens, 7168]``
+  alone, with its algorithm bandwidth (bytes / time) and bus bandwidth
+  (algbw * 2 (N-1) / N, NCCL's convention): the ceiling of the communication;
+* "plain": ``cugemm8.parallel.mlp_forward`` (all-reduce after the GEMMs);
+  "chunked": ``mlp_forward_overlapped(overlap=False)`` (--chunks token
+  chunks, each reduced on the compute stream, every SM); "overlapped": the
+  same chunks with each all-reduce on the communication stream under the next
+  chunk's GEMMs and R SMs reserved; "gain" = plain / overlapped - 1.
+
+With N = 1 the all-reduce is a one-rank copy, so the overlap has nothing to
+hide; the table then shows the cost of the machinery (chunking re-reads the
+weights once per chunk, the events, the reservation).
 
 This script reports; it verifies nothing (examples/tensor_parallel.py
 --check-only does).  Exit status 0, 1 if a run failed, 2 without a GPU.
@@ -76,7 +97,7 @@ def _bench_rank(rank: int, n: int, comm, nccl, opts: dict, say) -> dict:
 
             times = tp.time_on_stream(layer, reps=opts["reps"], warmup=opts["warmup"],
                                       sync_ranks=sync)
-            rows.append({"num_sms": sms, "tokens": tokens,
+            rows.append({"n": n, "num_sms": sms, "tokens": tokens,
                          "compute_us": tp.median([t[0] for t in times]),
                          "comm_us": tp.median([t[1] for t in times]),
                          "layer_us": tp.median([t[2] for t in times])})
@@ -86,17 +107,91 @@ def _bench_rank(rank: int, n: int, comm, nccl, opts: dict, say) -> dict:
     return {"ok": True, "failures": [], "rows": rows, "device": info["name"], "num_sms": total}
 
 
-def _merge(n: int, results: dict) -> list[dict]:
-    """Slowest rank per (SMs, tokens)."""
+def _time_us(fn, opts: dict, sync) -> float:
+    """Median GPU time of ``fn()`` (tp.time_on_stream, back to back)."""
+    def call(mid):
+        fn()
+        if mid is not None:
+            mid.record()
+    times = tp.time_on_stream(call, reps=opts["reps"], warmup=opts["warmup"], sync_ranks=sync)
+    return tp.median([t[2] for t in times])
+
+
+def _overlap_rank(rank: int, n: int, comm, nccl, opts: dict, say) -> dict:
+    """One rank of --overlap: the GEMMs alone with and without the SM
+    reservation, the all-reduce alone, and the plain, chunked and overlapped layers."""
+    import cupy
+    import cugemm8
+    from cugemm8 import _device
+    from cugemm8.parallel import mlp_forward, mlp_forward_overlapped, reserve_sms, silu_mul
+
+    info = _device.device_info()
+    w1, w2 = tp.tp_weight_slices(rank, n, seed=opts["seed"])
+    w1q, w2q = cugemm8.per_block_cast_to_fp8(w1), cugemm8.per_block_cast_to_fp8(w2)
+    del w1, w2
+    sync = lambda: tp.barrier(comm, nccl)          # noqa: E731
+    bf16 = cupy.dtype("bfloat16")
+    reserve, chunks = opts["reserve_sms"], opts["chunks"]
+    rows = []
+    for tokens in opts["tokens"]:
+        x = tp.tp_activations(tokens, seed=opts["seed"])
+        a1 = cugemm8.per_token_cast_to_fp8(x)
+        gate_up = cupy.empty((tokens, w1q[0].shape[0]), dtype=bf16)
+        cugemm8.gemm_fp8_fp8_bf16_nt(a1, w1q, gate_up)
+        a2 = cugemm8.per_token_cast_to_fp8(silu_mul(gate_up))
+        y = cupy.empty((tokens, tp.HIDDEN), dtype=bf16)
+
+        def gemms():
+            cugemm8.gemm_fp8_fp8_bf16_nt(a1, w1q, gate_up)
+            cugemm8.gemm_fp8_fp8_bf16_nt(a2, w2q, y)
+        row = {"n": n, "tokens": tokens, "chunks": chunks, "reserve_sms": reserve,
+               "gemms_us": _time_us(gemms, opts, sync)}
+        with reserve_sms(reserve):
+            row["gemms_reserved_us"] = _time_us(gemms, opts, sync)
+        buf = cupy.zeros((tokens, tp.HIDDEN), dtype=cupy.float32)
+        row["allreduce_us"] = _time_us(lambda: comm.allReduce(
+            buf.data.ptr, buf.data.ptr, buf.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, tp.stream_ptr()), opts, sync)
+        row["plain_us"] = _time_us(lambda: mlp_forward(x, w1q, w2q, comm=comm), opts, sync)
+        row["chunked_us"] = _time_us(lambda: mlp_forward_overlapped(
+            x, w1q, w2q, comm=comm, chunks=chunks, overlap=False), opts, sync)
+        row["overlapped_us"] = _time_us(lambda: mlp_forward_overlapped(
+            x, w1q, w2q, comm=comm, chunks=chunks, reserve=reserve), opts, sync)
+        rows.append(row)
+        if rank == 0:
+            say(f"overlap N={n} tokens={tokens}: plain {row['plain_us']:.1f} us, overlapped "
+                f"{row['overlapped_us']:.1f} us (rank 0)")
+    return {"ok": True, "failures": [], "rows": rows, "device": info["name"], "num_sms": info["num_sms"]}
+
+
+def _merge(results: dict, key_fields: tuple) -> list[dict]:
+    """Slowest rank per key: every ``*_us`` field is the largest over the ranks."""
     merged = {}
     for rank in sorted(results):
         for row in results[rank]["rows"]:
-            key = (row["num_sms"], row["tokens"])
-            cur = merged.setdefault(key, {"n": n, "num_sms": row["num_sms"], "tokens": row["tokens"],
-                                          "compute_us": 0.0, "comm_us": 0.0, "layer_us": 0.0})
-            for f in ("compute_us", "comm_us", "layer_us"):
-                cur[f] = max(cur[f], row[f])
+            cur = merged.setdefault(tuple(row[f] for f in key_fields), dict(row))
+            for f, v in row.items():
+                if f.endswith("_us"):
+                    cur[f] = max(cur[f], v)
     return list(merged.values())
+
+
+def _overlap_table(rows: list[dict], device: str, reps: int, reserve: int) -> None:
+    from cugemm8.cli import print_table
+    table = []
+    for r in sorted(rows, key=lambda r: (r["tokens"], r["n"])):
+        nbytes = 4.0 * r["tokens"] * tp.HIDDEN
+        r["algbw_gbs"] = nbytes / r["allreduce_us"] / 1e3
+        r["busbw_gbs"] = r["algbw_gbs"] * 2 * (r["n"] - 1) / r["n"]
+        r["sm_cost"] = r["gemms_reserved_us"] / r["gemms_us"] - 1
+        r["gain"] = r["plain_us"] / r["overlapped_us"] - 1
+        table.append((str(r["n"]), str(r["tokens"]), str(r["chunks"]), f"{r['gemms_us']:.1f}",
+                      f"{r['gemms_reserved_us']:.1f}", f"{100 * r['sm_cost']:+.1f}%", f"{r['allreduce_us']:.1f}",
+                      f"{r['algbw_gbs']:.0f}", f"{r['busbw_gbs']:.0f}", f"{r['plain_us']:.1f}",
+                      f"{r['chunked_us']:.1f}", f"{r['overlapped_us']:.1f}", f"{100 * r['gain']:+.1f}%"))
+    print_table(f"TP FP8 MLP overlap (hidden {tp.HIDDEN}, intermediate {tp.DENSE_INTER}) on {device}, "
+                f"{reserve} SMs reserved, median of {reps}, slowest rank",
+                ("N", "tokens", "chunks", "GEMMs us", f"GEMMs -{reserve} SMs us", "SM cost", "all-reduce us",
+                 "algbw GB/s", "busbw GB/s", "plain us", "chunked us", "overlapped us", "gain"), table)
 
 
 def main(argv=None) -> int:
@@ -109,12 +204,15 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3, help="untimed layers first (default 3)")
     p.add_argument("--reserve-sms", type=int, default=8,
                    help="SMs left free in the second variant (default 8; 0: no second variant)")
+    p.add_argument("--overlap", action="store_true",
+                   help="measure the overlap machinery instead (see the module docstring)")
+    p.add_argument("--chunks", type=int, default=2, help="token chunks of --overlap (default 2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds per N (default 1200)")
     p.add_argument("--json", metavar="OUT", help="also write the results as JSON")
     args = p.parse_args(argv)
-    if args.reps < 1 or args.warmup < 0 or args.reserve_sms < 0:
-        p.error("--reps must be >= 1, --warmup and --reserve-sms >= 0")
+    if args.reps < 1 or args.warmup < 0 or args.reserve_sms < 0 or args.chunks < 1:
+        p.error("--reps and --chunks must be >= 1, --warmup and --reserve-sms >= 0")
 
     count, why = tp.visible_gpus()
     if count == 0:
@@ -131,7 +229,9 @@ def main(argv=None) -> int:
     if skipped:
         print(f"bench_tp: skipping N = {skipped}: 18432 / N is not a multiple of 128", flush=True)
     opts = {"tokens": args.tokens, "reps": args.reps, "warmup": args.warmup,
-            "reserve_sms": args.reserve_sms, "seed": args.seed}
+            "reserve_sms": args.reserve_sms, "seed": args.seed, "chunks": args.chunks}
+    if args.overlap:
+        return _main_overlap(args, ns, skipped, opts)
 
     rows, errors, device, num_sms = [], {}, None, None
     for n in ns:
@@ -143,7 +243,7 @@ def main(argv=None) -> int:
             print(f"bench_tp: N = {n} FAILED: {error}", flush=True)
             continue
         device, num_sms = results[0]["device"], results[0]["num_sms"]
-        rows += _merge(n, results)
+        rows += _merge(results, ("num_sms", "tokens"))
 
     base = {r["tokens"]: r["layer_us"] for r in rows if r["n"] == 1 and r["num_sms"] == num_sms}
     for r in rows:
@@ -164,14 +264,37 @@ def main(argv=None) -> int:
                 f"median of {args.reps}, slowest rank",
                 ("SMs", "N", "tokens", "layer us", "GEMMs+quant us", "all-reduce us",
                  "TFLOPS/GPU", "TFLOPS total", "eff vs N=1"), table)
-    if args.json:
-        doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "device": device, "num_sms": num_sms, "reps": args.reps, "warmup": args.warmup,
-               "tokens": args.tokens, "reserve_sms": args.reserve_sms, "skipped_n": skipped,
-               "errors": {str(k): v for k, v in errors.items()}, "rows": rows,
-               "env": dict(tp.MULTICAST_OFF_ENV)}
-        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
-        print(f"bench_tp: wrote {args.json}", flush=True)
+    _write_json(args, device, num_sms, skipped, errors, rows)
+    return 1 if errors else 0
+
+
+def _write_json(args, device, num_sms, skipped, errors, rows) -> None:
+    if not args.json:
+        return
+    doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "mode": "overlap" if args.overlap else "scaling", "device": device, "num_sms": num_sms,
+           "reps": args.reps, "warmup": args.warmup, "tokens": args.tokens, "reserve_sms": args.reserve_sms,
+           "chunks": args.chunks, "skipped_n": skipped, "errors": {str(k): v for k, v in errors.items()},
+           "rows": rows, "env": dict(tp.MULTICAST_OFF_ENV)}
+    Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"bench_tp: wrote {args.json}", flush=True)
+
+
+def _main_overlap(args, ns: list[int], skipped: list[int], opts: dict) -> int:
+    """--overlap: every N with a communicator (one rank included), one table."""
+    rows, errors, device, num_sms = [], {}, None, None
+    for n in ns:
+        print(f"bench_tp: --overlap N = {n} ...", flush=True)
+        results, error = tp.run_ranks(_overlap_rank, n, opts, timeout_s=args.timeout, need_comm=True)
+        if error is not None:
+            errors[n] = error
+            print(f"bench_tp: N = {n} FAILED: {error}", flush=True)
+            continue
+        device, num_sms = results[0]["device"], results[0]["num_sms"]
+        rows += _merge(results, ("tokens",))
+    if rows:
+        _overlap_table(rows, device, args.reps, args.reserve_sms)
+    _write_json(args, device, num_sms, skipped, errors, rows)
     return 1 if errors else 0
 
 

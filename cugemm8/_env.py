@@ -12,6 +12,7 @@ override a setting by assigning to the attribute at run time.
 | ``CUGEMM8_PTXAS_VERBOSE`` | print ptxas's resource report for each compiled kernel |
 | ``CUGEMM8_DUMP_DIR`` | write the generated source, PTX and ptxas report of each compile here |
 | ``CUGEMM8_TUNED_FILE`` | the tuned-configurations file (``cugemm8 tune``); ``off`` turns them off; read by :mod:`cugemm8._tuned` at first use, not here |
+| ``CUGEMM8_RANK`` and three more | one rank of ``python -m cugemm8.launch``: see and read in :mod:`cugemm8.launch` |
 """
 from __future__ import annotations
 

@@ -32,6 +32,13 @@ Two DeepSeek-V3 layers (hidden 7168), one process per visible GPU:
   float64 layer on the unquantised (BF16) weights computed with CuPy:
   relative L2 error < 0.1 (two chained FP8 GEMMs give about 6 %).
 
+  Part ``overlap``: the same layer through
+  ``cugemm8.parallel.mlp_forward_overlapped`` (``--chunks`` token chunks,
+  chunk i's all-reduce on a communication stream under chunk i+1's GEMMs,
+  ``--reserve-sms`` SMs left to NCCL).  Check (every rank): bit-identical
+  to the same chunks reduced on the compute stream, and within 1e-2 of the
+  unchunked layer.
+
 * **Expert-parallel MoE step** (expert intermediate 2048, ``--experts-per-rank``
   experts per rank, default 8, top-2 routing).  Each rank routes its own
   tokens at random, quantises them per token (per-token quantisation acts on
@@ -52,6 +59,11 @@ Two DeepSeek-V3 layers (hidden 7168), one process per visible GPU:
   outputs with the plain ``gemm_fp8_fp8_bf16_nt`` per expert and combines
   them the same way: relative L2 difference < 1e-2.
 
+  Part ``decode``: the same tokens through
+  ``cugemm8.parallel.EPMoEDecodeStep``: fixed buffers (lossless capacities,
+  ``expected_m`` from the gathered routing), the whole step captured into a
+  CUDA graph on every rank and replayed; the same check, and no row dropped.
+
 Test data: weights and activations come from a counter-based hash (splitmix64
 + Box-Muller, one CuPy elementwise kernel), so every rank generates exactly its
 own slice, bit-identical to the same slice of rank 0's full matrix, without
@@ -59,14 +71,17 @@ shipping weights around.  Routing uses NumPy's seeded generator.
 
 NVLink multicast (NVLS) stays off: ``NCCL_NVLS_ENABLE=0``,
 ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` and ``NVSHMEM_DISABLE_NVLS=1`` are set in
-the parent and again in every child before NCCL is touched.  (cugemm8's "TMA
+the parent and again in every child before NCCL is touched
+(``cugemm8.launch``, which also starts the processes: ``run_ranks``).  (cugemm8's "TMA
 multicast" is a thread-block-cluster feature inside one GPU, unrelated to
 NVLink multicast, and is off in its default configurations.)
 
 Run on Hopper GPUs::
 
-    python examples/tensor_parallel.py [--tokens 64,1024] [--check-only]
+    python examples/tensor_parallel.py [--tokens 64,1024] [--check-only] [--nprocs N]
                                        [--num-sms N] [--experts-per-rank 8]
+                                       [--parts tp,overlap,ep,decode] [--chunks 2]
+                                       [--reserve-sms 8]
 
 Prints one line per rank per check and a summary; exits 0 when every check
 passes, 1 on a failure, 2 without a GPU.
@@ -76,8 +91,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import os
-import queue
 import sys
 import time
 import traceback
@@ -89,13 +102,11 @@ _HERE = Path(__file__).resolve().parent
 if (_HERE.parent / "cugemm8").is_dir() and str(_HERE.parent) not in sys.path:
     sys.path.insert(0, str(_HERE.parent))          # use the checkout this example lives in
 
-#: Set in the parent and in every child before NCCL initialises: no NVLink
-#: multicast objects (NVLS) anywhere.
-MULTICAST_OFF_ENV = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
+# Process management, NCCL plumbing and the layers live in the library
+# (cugemm8.launch, cugemm8.parallel); re-exported here for benches/bench_tp.py.
+from cugemm8.launch import (MULTICAST_OFF_ENV, all_gather, barrier, multicast_off,  # noqa: E402,F401
+                            nccl_type, run_ranks, stream_ptr, visible_gpus)
+from cugemm8.parallel import mlp_forward, silu_mul  # noqa: E402
 
 HIDDEN = 7168
 DENSE_INTER = 18432                 # DeepSeek-V3 dense MLP intermediate size
@@ -106,18 +117,7 @@ BLOCK = 128                         # quantisation block (1x128 activations, 128
 TP_TOL_VS_SINGLE = 1e-2             # TP layer vs the same layer on one GPU
 TP_TOL_VS_F64 = 0.1                 # TP layer vs float64 unquantised layer (~6 % expected)
 EP_TOL = 1e-2                       # EP MoE step vs per-expert plain GEMMs on rank 0
-
-
-def multicast_off() -> None:
-    """Force the NVLink-multicast-off variables into this process's environment."""
-    for key, value in MULTICAST_OFF_ENV.items():
-        os.environ[key] = value
-
-
-def _check_multicast_off() -> None:
-    bad = {k: os.environ.get(k) for k, v in MULTICAST_OFF_ENV.items() if os.environ.get(k) != v}
-    if bad:
-        raise RuntimeError(f"NVLink multicast must stay off; environment has {bad}")
+PARTS = ("tp", "overlap", "ep", "decode")
 
 
 # ----------------------------------------------------------------------------
@@ -244,15 +244,6 @@ def _bf16():
     return np.dtype(ml_dtypes.bfloat16)
 
 
-def import_nccl():
-    """``cupy.cuda.nccl``, or RuntimeError saying why it is unusable."""
-    from cupy.cuda import nccl
-    if not getattr(nccl, "available", False):
-        raise RuntimeError("cupy.cuda.nccl is not available: CuPy could not load libnccl "
-                           "(install nvidia-nccl-cu12 or nvidia-nccl-cu13 to match CuPy)")
-    return nccl
-
-
 _KERNELS: dict = {}
 
 _HASH_PREAMBLE = r"""
@@ -340,49 +331,6 @@ def rel_l2(got, ref) -> float:
     den = float(cupy.linalg.norm(r))
     num = float(cupy.linalg.norm(g - r))
     return num / den if den else (0.0 if num == 0 else float("inf"))
-
-
-def silu_mul(gate_up, inter: int):
-    """BF16 ``silu(gate) * up`` over the last axis ``[..., 2*inter]`` -> ``[..., inter]``,
-    computed in float32."""
-    import cupy
-    g = gate_up[..., :inter].astype(cupy.float32)
-    u = gate_up[..., inter:].astype(cupy.float32)
-    return (g / (1.0 + cupy.exp(-g)) * u).astype(_bf16())
-
-
-def stream_ptr() -> int:
-    import cupy
-    return cupy.cuda.get_current_stream().ptr
-
-
-_NCCL_TYPES = {"uint8": "NCCL_UINT8", "int32": "NCCL_INT32", "int64": "NCCL_INT64",
-               "float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64",
-               "bfloat16": "NCCL_BFLOAT16"}
-
-
-def nccl_type(nccl, dtype) -> int:
-    return getattr(nccl, _NCCL_TYPES[np.dtype(dtype).name])
-
-
-def all_gather(comm, nccl, x, n_ranks: int):
-    """``[n_ranks, *x.shape]``: every rank's ``x`` (rank-major), on every rank."""
-    import cupy
-    x = cupy.ascontiguousarray(x)
-    out = cupy.empty((n_ranks,) + x.shape, dtype=x.dtype)
-    if comm is None:
-        out[0] = x
-        return out
-    comm.allGather(x.data.ptr, out.data.ptr, x.size, nccl_type(nccl, x.dtype), stream_ptr())
-    return out
-
-
-def barrier(comm, nccl) -> None:
-    """All ranks reach this point (a one-element all-reduce, then a stream sync)."""
-    import cupy
-    x = cupy.zeros(1, dtype=cupy.float32)
-    comm.allReduce(x.data.ptr, x.data.ptr, 1, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream_ptr())
-    cupy.cuda.get_current_stream().synchronize()
 
 
 def exchange_counts(comm, nccl, send_counts, rank: int) -> np.ndarray:
@@ -511,36 +459,6 @@ def tp_activations(tokens: int, *, seed: int = 0, hidden: int | None = None):
     return hashed_normal(seed_of(seed, "tp-x", tokens), hidden, tokens, hidden).astype(_bf16())
 
 
-def mlp_forward(x, w1q, w2q, *, comm=None, nccl=None, mid_event=None):
-    """One (tensor-parallel) FP8 MLP layer on the current device and stream.
-
-    ``x`` BF16 ``[T, H]``; ``w1q = (b1, sfb1)`` for ``[gate; up]`` ``[2*i, H]``;
-    ``w2q = (b2, sfb2)`` for ``[H, i]``.  Returns the FP32 ``[T, H]`` output,
-    summed over ranks with NCCL when ``comm`` is given.  ``mid_event`` is
-    recorded after the second GEMM (before the all-reduce).
-    """
-    import cupy
-    import cugemm8
-    bf16 = _bf16()
-    t = x.shape[0]
-    i = w1q[0].shape[0] // 2
-    hidden = w2q[0].shape[0]
-    gate_up = cupy.empty((t, 2 * i), dtype=bf16)
-    cugemm8.gemm_fp8_fp8_bf16_nt(cugemm8.per_token_cast_to_fp8(x), w1q, gate_up)
-    h = silu_mul(gate_up, i)
-    y = cupy.empty((t, hidden), dtype=bf16)
-    cugemm8.gemm_fp8_fp8_bf16_nt(cugemm8.per_token_cast_to_fp8(h), w2q, y)
-    part = y.astype(cupy.float32)
-    if mid_event is not None:
-        mid_event.record()
-    if comm is None:
-        return part
-    out = cupy.empty_like(part)
-    comm.allReduce(part.data.ptr, out.data.ptr, part.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
-                   stream_ptr())
-    return out
-
-
 def mlp_reference_f64(x, w1, w2):
     """float64 layer on the unquantised BF16 weights (``w1 = [gate; up]``)."""
     import cupy
@@ -623,7 +541,7 @@ def run_tp(rank: int, n: int, comm, nccl, opts: dict, say) -> list[str]:
             full = None
     for tokens in opts["tokens"]:
         x = tp_activations(tokens, seed=seed)
-        out = mlp_forward(x, w1q, w2q, comm=comm, nccl=nccl)
+        out = mlp_forward(x, w1q, w2q, comm=comm)
         finite = bool(cupy.isfinite(out).all())
         if not finite:
             failures.append(f"tp-mlp tokens={tokens}: non-finite output on rank {rank}")
@@ -645,9 +563,11 @@ def run_tp(rank: int, n: int, comm, nccl, opts: dict, say) -> list[str]:
             except Exception as exc:
                 record_failure(failures, f"tp-mlp tokens={tokens} check", exc)
         say(line + ("" if finite else " NON-FINITE"))
+        if "overlap" in opts["parts"]:
+            failures += check_overlap(x, w1q, w2q, out, comm, opts, say)
         if not opts["check_only"]:
             times = time_on_stream(
-                lambda mid: mlp_forward(x, w1q, w2q, comm=comm, nccl=nccl, mid_event=mid),
+                lambda mid: mlp_forward(x, w1q, w2q, comm=comm, mid_event=mid),
                 reps=20, warmup=3, sync_ranks=(lambda: barrier(comm, nccl)) if comm else None)
             layer = median([t[2] for t in times])
             flops = 2.0 * tokens * HIDDEN * 3 * DENSE_INTER / n
@@ -655,6 +575,30 @@ def run_tp(rank: int, n: int, comm, nccl, opts: dict, say) -> list[str]:
                 f"{median([t[0] for t in times]):.1f} us, all-reduce "
                 f"{median([t[1] for t in times]):.1f} us), {flops / layer / 1e6:.1f} TFLOPS per GPU")
     return failures
+
+
+def check_overlap(x, w1q, w2q, plain, comm, opts: dict, say) -> list[str]:
+    """Every rank: the chunked layer with each chunk's all-reduce on the
+    communication stream (and ``opts["reserve_sms"]`` SMs left free) is
+    bit-identical to the same chunks reduced on the compute stream, and
+    within ``TP_TOL_VS_SINGLE`` of the unchunked layer ``plain``."""
+    import cupy
+    from cugemm8.parallel import mlp_forward_overlapped, plan_chunks
+    tokens, chunks, reserve = x.shape[0], opts["chunks"], opts["reserve_sms"]
+    try:
+        over = mlp_forward_overlapped(x, w1q, w2q, comm=comm, chunks=chunks, reserve=reserve)
+        serial = mlp_forward_overlapped(x, w1q, w2q, comm=comm, chunks=chunks, reserve=reserve, overlap=False)
+        same = bool(cupy.array_equal(over.view(cupy.uint32), serial.view(cupy.uint32)))
+        err = rel_l2(over, plain)
+    except Exception as exc:
+        failures = []
+        record_failure(failures, f"tp-overlap tokens={tokens}", exc)
+        return failures
+    ok = same and err < TP_TOL_VS_SINGLE
+    say(f"tp-overlap tokens={tokens}: chunks {plan_chunks(tokens, chunks)}, {reserve} SMs reserved: "
+        f"overlapped == serial chunks {'bit for bit' if same else 'NO'}, rel L2 vs unchunked layer "
+        f"{err:.2e} (< {TP_TOL_VS_SINGLE:g}) {'ok' if ok else 'FAILED'}")
+    return [] if ok else [f"tp-overlap tokens={tokens}: bit-identical {same}, rel L2 {err:.3e}"]
 
 
 # ----------------------------------------------------------------------------
@@ -711,7 +655,7 @@ def experts_masked(a, sfa, local_expert_host, w1q, w2q, experts_per_rank: int):
     expected_m = max(1, -(-r // el))
     gate_up = cupy.zeros((el, m_max, 2 * inter), dtype=bf16)
     cugemm8.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a_m, s_m), w1q, gate_up, masked_m, expected_m)
-    h = silu_mul(gate_up, inter)                                # [E_local, m_max, inter]
+    h = silu_mul(gate_up)                                # [E_local, m_max, inter]
     y = cupy.zeros((el, m_max, hidden), dtype=bf16)
     cugemm8.m_grouped_gemm_fp8_fp8_bf16_nt_masked(cugemm8.per_token_cast_to_fp8(h), w2q, y,
                                                   masked_m, expected_m)
@@ -779,7 +723,7 @@ def moe_reference(x_all, ids_all, w_all, w1q_all, w2q_all):
         gate_up = cupy.empty((ts.size, 2 * inter), dtype=bf16)
         cugemm8.gemm_fp8_fp8_bf16_nt(cugemm8.per_token_cast_to_fp8(xe),
                                      (w1q_all[0][e], w1q_all[1][e]), gate_up)
-        h = silu_mul(gate_up, inter)
+        h = silu_mul(gate_up)
         y = cupy.empty((ts.size, hidden), dtype=bf16)
         cugemm8.gemm_fp8_fp8_bf16_nt(cugemm8.per_token_cast_to_fp8(h),
                                      (w2q_all[0][e], w2q_all[1][e]), y)
@@ -788,7 +732,8 @@ def moe_reference(x_all, ids_all, w_all, w1q_all, w2q_all):
 
 
 def run_ep(rank: int, n: int, comm, nccl, opts: dict, say) -> list[str]:
-    """The expert-parallel MoE part; returns failure messages (rank 0 checks)."""
+    """The expert-parallel MoE parts ("ep": the dynamic step, "decode": the
+    graph-captured decode step); returns failure messages (rank 0 checks)."""
     import cupy
     failures = []
     el, seed = opts["experts_per_rank"], opts["seed"]
@@ -801,166 +746,102 @@ def run_ep(rank: int, n: int, comm, nccl, opts: dict, say) -> list[str]:
         x = hashed_normal(seed_of(seed, "ep-x", tokens, rank), HIDDEN, tokens, HIDDEN).astype(_bf16())
         ids, w = route(tokens, n_exp, TOP_K, np.random.default_rng(seed_of(seed, "route", tokens, rank)))
         w_d = cupy.asarray(w)
-        out, info = moe_forward_ep(x, ids, w_d, w1q, w2q, comm, nccl, rank, n, el)
         x_all = all_gather(comm, nccl, x, n).reshape(n * tokens, HIDDEN)
         ids_all = all_gather(comm, nccl, cupy.asarray(ids), n).reshape(n * tokens, TOP_K).get()
         w_all = all_gather(comm, nccl, w_d, n).reshape(n * tokens, TOP_K)
-        out_all = all_gather(comm, nccl, out, n).reshape(n * tokens, HIDDEN)
-        line = (f"ep-moe tokens={tokens}/rank, {el} experts/rank, top-{TOP_K}: sent {info['sent']}, "
-                f"received {info['received']} rows, masked layout [{el}, {info['m_max']}, {HIDDEN}] "
-                f"with masked_m {info['per_expert']}")
-        if rank == 0:
+        ref = []
+
+        def check(what: str, out, line: str) -> str:
+            out_all = all_gather(comm, nccl, out, n).reshape(n * tokens, HIDDEN)
+            if rank != 0:
+                return line
             try:
-                ref = moe_reference(x_all, ids_all, w_all, w1q_all, w2q_all)
-                err = rel_l2(out_all, ref)
-                rows_err = cupy.linalg.norm(out_all - ref, axis=1) / cupy.linalg.norm(ref, axis=1)
+                if not ref:
+                    ref.append(moe_reference(x_all, ids_all, w_all, w1q_all, w2q_all))
+                err = rel_l2(out_all, ref[0])
+                rows_err = cupy.linalg.norm(out_all - ref[0], axis=1) / cupy.linalg.norm(ref[0], axis=1)
                 ok = err < EP_TOL and bool(cupy.isfinite(out_all).all())
                 if not ok:
-                    failures.append(f"ep-moe tokens={tokens}: rel L2 vs per-expert GEMMs {err:.3e} >= {EP_TOL}")
-                line += (f"; all {n * tokens} tokens vs per-expert plain GEMMs on rank 0: rel L2 "
-                         f"{err:.2e} (worst token {float(rows_err.max()):.2e}) (< {EP_TOL:g}) "
-                         f"{'ok' if ok else 'FAILED'}")
+                    failures.append(f"{what} tokens={tokens}: rel L2 vs per-expert GEMMs {err:.3e} >= {EP_TOL}")
+                return (line + f"; all {n * tokens} tokens vs per-expert plain GEMMs on rank 0: rel L2 "
+                        f"{err:.2e} (worst token {float(rows_err.max()):.2e}) (< {EP_TOL:g}) "
+                        f"{'ok' if ok else 'FAILED'}")
             except Exception as exc:
-                record_failure(failures, f"ep-moe tokens={tokens} check", exc)
-        say(line)
-        if not opts["check_only"]:
-            samples = []
-            for _ in range(6):
-                if comm is not None:
-                    barrier(comm, nccl)
-                t0 = time.perf_counter()
-                moe_forward_ep(x, ids, w_d, w1q, w2q, comm, nccl, rank, n, el)
-                cupy.cuda.get_current_stream().synchronize()
-                samples.append((time.perf_counter() - t0) * 1e6)
-            say(f"ep-moe tokens={tokens}/rank: {median(samples[1:]):.0f} us per step "
-                f"(host-timed, median of 5; includes the count exchange's host sync)")
+                record_failure(failures, f"{what} tokens={tokens} check", exc)
+                return line
+
+        if "ep" in opts["parts"]:
+            out, info = moe_forward_ep(x, ids, w_d, w1q, w2q, comm, nccl, rank, n, el)
+            say(check("ep-moe", out,
+                      f"ep-moe tokens={tokens}/rank, {el} experts/rank, top-{TOP_K}: sent {info['sent']}, "
+                      f"received {info['received']} rows, masked layout [{el}, {info['m_max']}, {HIDDEN}] "
+                      f"with masked_m {info['per_expert']}"))
+            if not opts["check_only"]:
+                samples = []
+                for _ in range(6):
+                    if comm is not None:
+                        barrier(comm, nccl)
+                    t0 = time.perf_counter()
+                    moe_forward_ep(x, ids, w_d, w1q, w2q, comm, nccl, rank, n, el)
+                    cupy.cuda.get_current_stream().synchronize()
+                    samples.append((time.perf_counter() - t0) * 1e6)
+                say(f"ep-moe tokens={tokens}/rank: {median(samples[1:]):.0f} us per step "
+                    f"(host-timed, median of 5; includes the count exchange's host sync)")
+        if "decode" in opts["parts"]:
+            failures += run_decode_step(rank, n, comm, nccl, opts, say, x, ids, w, ids_all, w1q, w2q, check)
     return failures
 
 
-# ----------------------------------------------------------------------------
-# Process management: one process per GPU, NCCL unique id through a queue
-# ----------------------------------------------------------------------------
-
-def _rank_main(target, rank: int, n: int, uid_queue, result_queue, opts: dict,
-               need_comm: bool) -> None:
-    """Child process entry: multicast off, device ``rank``, a private stream, an
-    NCCL communicator (rank 0 makes the unique id), then ``target``."""
-    multicast_off()
-    _check_multicast_off()
-    comm = None
-
-    def say(msg: str) -> None:
-        print(f"[rank {rank}/{n}] {msg}", flush=True)
-
-    try:
-        import cupy
-        cupy.cuda.Device(rank).use()
-        stream = cupy.cuda.Stream(non_blocking=True)
-        stream.use()
-        nccl = None
-        if need_comm:
-            nccl = import_nccl()
-            if rank == 0:
-                uid = nccl.get_unique_id()
-                for _ in range(n - 1):
-                    uid_queue.put(uid)
-                say(f"NCCL {nccl.get_version()}, {n} ranks, NCCL_NVLS_ENABLE="
-                    f"{os.environ['NCCL_NVLS_ENABLE']}")
-            else:
-                uid = uid_queue.get(timeout=600)
-            comm = nccl.NcclCommunicator(n, uid, rank)
-        if opts.get("num_sms"):
-            import cugemm8
-            cugemm8.set_num_sms(int(opts["num_sms"]))
-        result = target(rank, n, comm, nccl, opts, say)
-        cupy.cuda.get_current_stream().synchronize()
+def run_decode_step(rank: int, n: int, comm, nccl, opts: dict, say, x, ids, w, ids_all, w1q, w2q,
+                    check) -> list[str]:
+    """The graph-captured decode step (cugemm8.parallel.EPMoEDecodeStep) on
+    the same tokens: capacities from the gathered routing, capture, replay,
+    check (``check``), and with timing the replay time per step."""
+    import cupy
+    from cugemm8.parallel import EPMoEDecodeStep, expert_load_from_ids, plan_decode_capacity
+    failures = []
+    tokens, el = x.shape[0], opts["experts_per_rank"]
+    # NOTES: no try here: another rank may already sit in the graph's NCCL
+    # calls, so a failure must end this rank (run_ranks then stops the others).
+    load = expert_load_from_ids(ids_all, n * el)          # rows each expert receives this step
+    cap = plan_decode_capacity(tokens, TOP_K, n, el, expert_load=load, rank=rank)
+    step = EPMoEDecodeStep(w1q, w2q, cap, rank=rank, comm=comm)
+    step.load(x, ids, w)
+    step.capture()
+    cupy.cuda.get_current_stream().synchronize()
+    step.replay()
+    step.graph_stream.synchronize()
+    drops = step.drop_counts()
+    out = step.out.copy()
+    line = (f"ep-decode tokens={tokens}/rank (CUDA graph replay): slots/peer {cap.slots_per_peer}, "
+            f"m_max {cap.m_max}, expected_m {cap.expected_m}, drops {drops}")
+    if any(drops.values()):
+        failures.append(f"ep-decode tokens={tokens}: rows dropped with lossless capacities: {drops}")
+    say(check("ep-decode", out, line))
+    if not opts["check_only"]:
+        gs = step.graph_stream
         if comm is not None:
-            comm.destroy()
-            comm = None
-        result_queue.put((rank, result))
-    except BaseException as exc:
-        traceback.print_exc()
-        sys.stderr.flush()
-        if comm is not None:
-            try:
-                comm.abort()          # do not wait for peers that may be stuck
-            except Exception:
-                pass
-        result_queue.put((rank, {"ok": False, "failures": [f"rank {rank}: {type(exc).__name__}: {exc}"]}))
-        sys.exit(1)
-
-
-def run_ranks(target, n: int, opts: dict, *, timeout_s: float, need_comm: bool = True):
-    """Start ``n`` spawned processes running ``target(rank, n, comm, nccl, opts, say)``.
-
-    Returns ``(results {rank: dict}, error str or None)``.  A process that
-    dies, or running past ``timeout_s``, stops the others (they may be
-    waiting in NCCL for it)."""
-    import multiprocessing as mp
-    multicast_off()
-    ctx = mp.get_context("spawn")
-    uid_queue, result_queue = ctx.Queue(), ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, name=f"rank{r}",
-                         args=(target, r, n, uid_queue, result_queue, opts, need_comm))
-             for r in range(n)]
-    for p in procs:
-        p.start()
-    results, error = {}, None
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            rank, res = result_queue.get(timeout=0.5)
-            results[rank] = res
-        except queue.Empty:
-            pass
-        codes = [p.exitcode for p in procs]
-        if all(c is not None for c in codes):
-            break
-        dead = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-        if dead:
-            error = f"rank {dead[0][0]} exited with code {dead[0][1]}"
-            break
-        if time.monotonic() > deadline:
-            error = f"timed out after {timeout_s:.0f} s"
-            break
-    if error is not None:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-    for p in procs:
-        p.join(30)
-        if p.is_alive():
-            p.kill()
-            p.join()
-    while True:
-        try:
-            rank, res = result_queue.get(timeout=0.5)
-            results[rank] = res
-        except queue.Empty:
-            break
-    codes = [p.exitcode for p in procs]
-    if error is None and any(c != 0 for c in codes):
-        error = f"exit codes {codes}"
-    if error is None and len(results) != n:
-        error = f"results from ranks {sorted(results)} only"
-    return results, error
-
-
-def visible_gpus() -> tuple[int, str | None]:
-    """(number of visible CUDA devices, reason when it is 0)."""
-    try:
-        import cupy
-        n = int(cupy.cuda.runtime.getDeviceCount())
-    except Exception as exc:
-        return 0, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    return n, (None if n else "no CUDA device visible")
+            barrier(comm, nccl)
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        reps = 20
+        start.record(gs)
+        for _ in range(reps):
+            step.replay()
+        end.record(gs)
+        end.synchronize()
+        say(f"ep-decode tokens={tokens}/rank: {cupy.cuda.get_elapsed_time(start, end) * 1e3 / reps:.0f} us "
+            f"per step (graph replays back to back, mean of {reps})")
+    return failures
 
 
 def _example_rank(rank: int, n: int, comm, nccl, opts: dict, say) -> dict:
+    if opts.get("num_sms"):
+        import cugemm8
+        cugemm8.set_num_sms(int(opts["num_sms"]))
     failures = []
     if "tp" in opts["parts"]:
         failures += run_tp(rank, n, comm, nccl, opts, say)
-    if "ep" in opts["parts"]:
+    if {"ep", "decode"} & set(opts["parts"]):
         failures += run_ep(rank, n, comm, nccl, opts, say)
     return {"ok": not failures, "failures": failures}
 
@@ -979,8 +860,14 @@ def main(argv=None) -> int:
                    help="cugemm8.set_num_sms(N) on every GPU (default: all SMs)")
     p.add_argument("--experts-per-rank", type=int, default=8,
                    help="routed experts held by each GPU in the MoE step (default 8)")
-    p.add_argument("--parts", default="tp,ep",
-                   help="which parts to run: tp, ep or tp,ep (default)")
+    p.add_argument("--parts", default=",".join(PARTS),
+                   help="comma-separated parts to run: tp (the TP MLP), overlap (its chunked form with "
+                        "the all-reduce under the next chunk's GEMMs), ep (the MoE step), decode (the "
+                        "CUDA-graph-captured MoE decode step); default: all")
+    p.add_argument("--chunks", type=int, default=2,
+                   help="token chunks of the overlapped TP layer (default 2)")
+    p.add_argument("--reserve-sms", type=int, default=8,
+                   help="SMs left to NCCL while the overlapped TP layer runs (default 8)")
     p.add_argument("--nprocs", type=int, default=None,
                    help="number of GPUs / processes (default: every visible GPU)")
     p.add_argument("--seed", type=int, default=0)
@@ -988,8 +875,10 @@ def main(argv=None) -> int:
                    help="seconds before the run is stopped (default 1800)")
     args = p.parse_args(argv)
     parts = {s.strip() for s in args.parts.split(",") if s.strip()}
-    if not parts or parts - {"tp", "ep"}:
-        p.error(f"--parts must name tp and/or ep, got {args.parts!r}")
+    if not parts or parts - set(PARTS):
+        p.error(f"--parts must name some of {','.join(PARTS)}, got {args.parts!r}")
+    if args.chunks < 1 or args.reserve_sms < 0:
+        p.error("--chunks must be >= 1 and --reserve-sms >= 0")
     if args.num_sms is not None and args.num_sms < 1:
         p.error("--num-sms must be >= 1")
     if args.experts_per_rank < 1:
@@ -1002,16 +891,18 @@ def main(argv=None) -> int:
     n = count if args.nprocs is None else args.nprocs
     if not 1 <= n <= count:
         p.error(f"--nprocs {n}: {count} GPU(s) visible")
-    if "tp" in parts:
+    if {"tp", "overlap"} & parts:
+        parts.add("tp")
         try:
             tp_split(n)
         except ValueError as exc:
             print(f"tensor_parallel: {exc}", flush=True)
             return 1
-    if n * args.experts_per_rank < TOP_K and "ep" in parts:
+    if n * args.experts_per_rank < TOP_K and {"ep", "decode"} & parts:
         p.error(f"the MoE step needs at least {TOP_K} experts in total")
     opts = {"tokens": args.tokens, "check_only": args.check_only, "num_sms": args.num_sms,
-            "experts_per_rank": args.experts_per_rank, "parts": sorted(parts), "seed": args.seed}
+            "experts_per_rank": args.experts_per_rank, "parts": sorted(parts), "seed": args.seed,
+            "chunks": args.chunks, "reserve_sms": args.reserve_sms}
     print(f"tensor_parallel: {n} process(es), one per GPU; parts {','.join(sorted(parts))}; "
           f"tokens {args.tokens}; " + ", ".join(f"{k}={v}" for k, v in MULTICAST_OFF_ENV.items()),
           flush=True)

@@ -1,8 +1,11 @@
-"""Multi-GPU use (issue 9): the tensor-parallel / expert-parallel example over
-CuPy's NCCL bindings, and cugemm8's per-device state.
+"""Multi-GPU use (issues 9 and 24): the tensor-parallel / expert-parallel
+example over CuPy's NCCL bindings (its parts: the TP MLP, its overlapped
+chunked form, the MoE step and the graph-captured MoE decode step), the
+launcher with two ranks, and cugemm8's per-device state.
 
 The GPU tests need two or more visible GPUs and are skipped with the reason
-otherwise.  ``test_ep_bookkeeping_cpu`` checks the example's dispatch /
+otherwise (tests/test_parallel_gpu.py runs the same machinery with one
+rank).  ``test_ep_bookkeeping_cpu`` checks the example's dispatch /
 packing / combine logic with NumPy, on any machine.
 """
 from __future__ import annotations
@@ -19,26 +22,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tensor_parallel.py"
 
-#: NVLink multicast stays off in every process these tests start.
-MULTICAST_OFF_ENV = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
+from cugemm8.launch import MULTICAST_OFF_ENV, visible_gpus
 
-
-def _visible_gpus() -> tuple[int, str]:
-    try:
-        import cupy
-        return int(cupy.cuda.runtime.getDeviceCount()), ""
-    except Exception as exc:  # no CuPy, no driver, no device
-        text = str(exc).splitlines()[0] if str(exc) else ""
-        return 0, f" ({type(exc).__name__}: {text})"
-
-
-_NUM_GPUS, _WHY = _visible_gpus()
+_NUM_GPUS, _WHY = visible_gpus()
 needs_two_gpus = pytest.mark.skipif(
-    _NUM_GPUS < 2, reason=f"needs 2 or more GPUs; {_NUM_GPUS} visible{_WHY}")
+    _NUM_GPUS < 2, reason=f"needs 2 or more GPUs; {_NUM_GPUS} visible" + (f" ({_WHY})" if _WHY else ""))
 
 
 def _load_example():
@@ -130,6 +118,19 @@ def test_tensor_parallel_example_check_only():
         f"examples/tensor_parallel.py --check-only exited {proc.returncode}\n"
         f"--- stdout (tail) ---\n{proc.stdout[-8000:]}\n--- stderr (tail) ---\n{proc.stderr[-8000:]}")
     assert "PASS" in proc.stdout
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_launch_two_ranks():
+    """python -m cugemm8.launch --nproc 2: each rank on its own GPU, NVLink
+    multicast off, an NCCL all-reduce over both (tests/launch_probe.py)."""
+    proc = subprocess.run([sys.executable, "-m", "cugemm8.launch", "--nproc", "2", "--timeout", "300",
+                           str(ROOT / "tests" / "launch_probe.py")],
+                          cwd=str(ROOT), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    for r in range(2):
+        assert f"[rank {r}/2] device {r}, multicast off True, all-reduce 3 (want 3) ok" in proc.stdout, proc.stdout
 
 
 @pytest.mark.gpu

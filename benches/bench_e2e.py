@@ -20,7 +20,8 @@ with bf16 activations x [M, K] (normal) and FP8 weights from
 
 * ``fused``: ``cugemm8.gemm_fp8(x, (b, sfb), out, workspace=ws)``, PDL off,
   in the form the library picks (``form``: ``1K`` when the GEMM quantises x
-  itself, one kernel, at M <= ``cugemm8.quant.ONE_KERNEL_MAX_M``; ``2K``
+  itself, one kernel, at the few rows ``cugemm8.quant.one_kernel_max_m``
+  allows the pick; ``2K``
   when the per-token quantiser is its prologue and the GEMM its
   programmatic dependent);
 * ``fused 2K``: the same call with the two-kernel form forced (rows where

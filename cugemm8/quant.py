@@ -644,25 +644,38 @@ def gemm_fp8(a: cupy.ndarray | tuple[cupy.ndarray, cupy.ndarray],
 
     With float activations ``a`` and already quantised weights ``b`` (the
     decode case: ``gemm_fp8(x, (b, sfb), out)``) this is the **fused
-    bf16-in path**: ``a`` is quantised 1x128 by the per-token kernel into a
-    workspace, and the GEMM is launched as its programmatic dependent
-    (``cuLaunchKernelEx`` with programmatic stream serialization, whatever
-    :func:`cugemm8.set_pdl` says): its CTAs launch and set up while the
-    quantiser runs, and its first global access waits for it
-    (``griddepcontrol.wait``).  The quantised activations
-    (``m * k`` bytes plus scales) stay in L2 between the two kernels.  The
-    output is bit-identical to ``per_token_cast_to_fp8(a)`` followed by
-    :func:`cugemm8.gemm_fp8_fp8_bf16_nt` (same kernels, same configuration;
-    only the launch overlap differs).  Measured on the H200
-    (``benches/bench_e2e.py``, benches/RESULTS.md v0.9): 1.02-1.18x the
-    span of the two-launch path, 1.9-4.2x DeepGEMM's cast + GEMM pair, and
-    the same as the two launches with :func:`cugemm8.set_pdl` on (0.95-1.05x).
-    (v0.9 also streamed B's first K blocks before the wait; that gained
-    nothing and its branch slowed the GEMM's K loop, so v0.10 removed it.)
-    A one-kernel form (idle producer warps quantising each stage in the GEMM)
-    was built, bit-identical, and rejected: 2.3-40x slower, each stage's
-    conversion being a serial load -> float64 -> store chain, and every CTA
-    converting its whole A block.
+    bf16-in path**, in one of two forms, both bit-identical to
+    ``per_token_cast_to_fp8(a)`` followed by
+    :func:`cugemm8.gemm_fp8_fp8_bf16_nt` (same quantisation arithmetic, same
+    GEMM configuration, hence the same accumulation order):
+
+    * **one kernel**, for a few rows (:func:`one_kernel_max_m`: up to 8 rows
+      of 16-bit ``a`` where the GEMM's pick is at least 128 columns wide, 4
+      where it is 48-120 wide, half that for float32; never for the narrow
+      tiles of the K = 7168 decode shapes) when ``a``'s rows can be read in
+      place (contiguous last dimension, 16-byte aligned base and row
+      stride): the GEMM quantises ``a`` itself.  Idle warps of its producer
+      warpgroup load each 128-column block of ``a`` by TMA a ring lap
+      ahead and quantise it with the per-token kernel's own device
+      functions while the stage's weights are in flight
+      (cuda_src/fp8_gemm_1d2d.cuh, "Quantising A in the kernel").  No
+      workspace and no second launch, so it also captures in CUDA graphs
+      without a ``workspace``.  Measured on the H200 (``benches/bench_e2e.py``,
+      benches/RESULTS.md v0.14): 1.20x (24576 x 1536), 1.31x (32768 x 512)
+      and 1.34-1.39x (7168 x 2048) the span of the two-launch path at
+      M <= 4, and 1.05-1.22x the two-kernel form;
+    * **two kernels** otherwise: ``a`` is quantised 1x128 by the per-token
+      kernel into a workspace, and the GEMM is launched as its programmatic
+      dependent (``cuLaunchKernelEx`` with programmatic stream serialization,
+      whatever :func:`cugemm8.set_pdl` says): its CTAs launch and set up
+      while the quantiser runs, and its first global access waits for it
+      (``griddepcontrol.wait``); the quantised activations (``m * k`` bytes
+      plus scales) stay in L2 between the two kernels.  Measured: 1.02-1.18x
+      the span of the two-launch path, the same as the two launches with
+      :func:`cugemm8.set_pdl` on (benches/RESULTS.md v0.9, v0.12).
+
+    Either form takes 2-5x less time than DeepGEMM's ``per_token_cast_to_fp8`` +
+    ``fp8_gemm_nt`` pair (same run).
 
     Any ``m``, ``n`` and ``k`` work for float inputs (the common unaligned
     research case, e.g. 1000 x 1000 x 1000): ``k`` is zero-padded to a
@@ -688,12 +701,14 @@ def gemm_fp8(a: cupy.ndarray | tuple[cupy.ndarray, cupy.ndarray],
             uint8 1-D C-contiguous array of at least
             :func:`gemm_fp8_workspace_bytes` ``(m, k)`` bytes, 16-byte
             aligned, on the current device, overlapping no operand, that
-            receives the quantised ``a`` (keyword-only).  When None, a
-            temporary is allocated per call.  Needed under CUDA-graph capture
-            (keep it alive as long as the graph, and do not share it between
-            launches that may run concurrently).  A call with a workspace,
-            ``out``, ``k % 16 == 0`` and a contiguous ``sfb`` is cached like
-            the GEMMs' repeated calls.
+            receives the quantised ``a`` in the two-kernel form
+            (keyword-only; the one-kernel form does not use it).  When None,
+            a temporary is allocated per call.  Needed under CUDA-graph
+            capture by the two-kernel form (keep it alive as long as the
+            graph, and do not share it between launches that may run
+            concurrently).  A call with ``out``, ``k % 16 == 0``, a
+            contiguous ``sfb`` and a workspace (or the one-kernel form) is
+            cached like the GEMMs' repeated calls.
 
     Returns:
         ``out``, bfloat16 ``[m, n]``.  When ``out`` is None and ``n % 8 != 0``
@@ -702,7 +717,8 @@ def gemm_fp8(a: cupy.ndarray | tuple[cupy.ndarray, cupy.ndarray],
 
     Quantised temporaries: a float input is quantised into arrays that live
     only for this call, so under CUDA-graph capture such calls are refused
-    (``ValueError``), except on the fused path with a ``workspace``: else
+    (``ValueError``), except on the fused path in its one-kernel form or
+    with a ``workspace``: else
     quantise with the cast functions and keep their outputs alive, then
     capture :func:`cugemm8.gemm_fp8_fp8_bf16_nt`.
 
@@ -860,28 +876,50 @@ def _fused_key(a, b, out, workspace, pow2_scale, gemm):
 
 #: Rows of float activations up to which :func:`gemm_fp8`'s fused path
 #: quantises them inside the GEMM (one kernel; fp8_gemm_1d2d.cuh, "Quantising
-#: A in the kernel") instead of in a per-token prologue kernel, by element
-#: size.  Every CTA converts its whole A block, so the form pays only for a
-#: few rows; the kernel's own limit is _config.QUANT_A_MAX_ROWS (8).
-ONE_KERNEL_MAX_M = {2: 8, 4: 8}
+#: A in the kernel") instead of in a per-token prologue kernel: by x's element
+#: size, ``((min BLOCK_N, max rows), ...)`` of the GEMM's pick, the first
+#: match deciding, none meaning never (:func:`one_kernel_max_m`).  Each of the
+#: three converter warps of a CTA must quantise a stage's rows (about 800 SM
+#: cycles for up to 2 rows of bf16, 1000 for 4, 1850 for 8, plus 400 of
+#: barriers: tools/perf/convert_probe.py) within three of the math
+#: warpgroup's K blocks, and a K block of a narrow tile is short (about 340
+#: cycles at BLOCK_N = 32, 420 at 56, 800 at 192).  Measured on the H200
+#: (benches/bench_e2e.py, benches/RESULTS.md v0.14), one kernel against the
+#: two-kernel form: BLOCK_N 192 and 128 1.11-1.17x at M <= 4 and 1.05-1.17x at
+#: M = 8; 56 1.16-1.22x at M <= 4, 0.84x at 8; 32 0.78-0.96x at every M.
+#: float32 x takes twice the steps per row (one row per step, not two), so
+#: half the rows (estimated from the probe, not measured end to end).  The
+#: kernel's own limit is _config.QUANT_A_MAX_ROWS (8).
+ONE_KERNEL_MAX_M = {2: ((128, 8), (48, 4)), 4: ((128, 4), (48, 2))}
+
+
+def one_kernel_max_m(block_n: int, itemsize: int) -> int:
+    """Rows of float activations of ``itemsize`` bytes up to which the fused
+    path quantises them inside a GEMM whose pick has ``block_n`` columns
+    (:data:`ONE_KERNEL_MAX_M`); 0: never."""
+    for min_block_n, rows in ONE_KERNEL_MAX_M.get(itemsize, ()):
+        if block_n >= min_block_n:
+            return min(rows, _config.QUANT_A_MAX_ROWS)
+    return 0
 
 
 def _one_kernel_config(x, n: int, k: int, gemm):
     """The configuration of :func:`gemm_fp8`'s one-kernel form for float
     activations ``x [m, k_x]`` (validated; ``k`` = padded_k(k_x)) against
-    quantised weights ``[n, k]``, or None when that form does not apply: more
-    than :data:`ONE_KERNEL_MAX_M` rows, a layout TMA cannot read in place
-    (the last dimension not contiguous, the base or row stride not 16-byte
-    aligned), or a GEMM pick without such a form
-    (:func:`cugemm8._config.quant_a_config`).  The pick is the normal GEMM's
+    quantised weights ``[n, k]``, or None when that form does not apply: a
+    layout TMA cannot read in place (the last dimension not contiguous, the
+    base or row stride not 16-byte aligned), a GEMM pick without such a form
+    (:func:`cugemm8._config.quant_a_config`), or more rows than
+    :func:`one_kernel_max_m` gives that pick.  The pick is the normal GEMM's
     own (tuned or heuristic), so the output bits are those of
     ``per_token_cast_to_fp8`` followed by :func:`cugemm8.gemm_fp8_fp8_bf16_nt`."""
     m, item = x.shape[0], x.itemsize
-    if not 1 <= m <= min(ONE_KERNEL_MAX_M.get(item, 0), _config.QUANT_A_MAX_ROWS):
-        return None
+    if not 1 <= m <= min(_config.QUANT_A_MAX_ROWS, max((r for _, r in ONE_KERNEL_MAX_M.get(item, ())), default=0)):
+        return None                     # (before choosing a configuration)
     if x.data.ptr % 16 or (x.shape[1] > 1 and x.strides[1] != item) or (m > 1 and x.strides[0] % 16):
         return None
-    return _config.quant_a_config(gemm._select("normal", m, n, k, 1), k, item)
+    cfg = _config.quant_a_config(gemm._select("normal", m, n, k, 1), k, item)
+    return cfg if cfg is not None and m <= one_kernel_max_m(cfg.block_n, item) else None
 
 
 def _gemm_fp8_one_kernel(x, b, out, cfg, pow2_scale, key, cupy, gemm):

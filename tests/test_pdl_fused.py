@@ -144,7 +144,7 @@ def test_fused_path_under_capture_needs_a_workspace(no_launch, monkeypatch):
     quantises into a workspace, which capture needs to be the caller's."""
     from cugemm8 import _checks
     monkeypatch.setattr(_checks, "capturing", lambda cupy: True)
-    m = max(_quant.ONE_KERNEL_MAX_M.values()) + 1
+    m = _config.QUANT_A_MAX_ROWS + 1
     x, out = fake((m, 512), BF16), fake((m, 256), BF16)
     with pytest.raises(ValueError, match="gemm_fp8_workspace_bytes"):
         cugemm8.gemm_fp8(x, _weights(), out)
@@ -283,9 +283,8 @@ def test_one_kernel_form_launches_the_gemm_on_x_itself(monkeypatch, dtype, m, n,
     """At few rows the GEMM quantises x itself: one launch, of the pick's
     quant_a twin named with x's dtype; tmap_a maps x (its own K, no swizzle,
     a box of m rows), tmap_sfa is empty, the pow2 flag is passed."""
-    if m > _quant.ONE_KERNEL_MAX_M[dtype.itemsize]:
-        pytest.skip("more rows than this dtype's one-kernel form takes")
     from cugemm8 import _jit
+    monkeypatch.setattr(_quant, "ONE_KERNEL_MAX_M", {2: ((8, 8),), 4: ((8, 8),)})   # every pick, up to 8 rows
     rec = _stub_gemm_launches(monkeypatch)
     names = []
     monkeypatch.setattr(_jit, "get_kernel",
@@ -318,30 +317,37 @@ def test_one_kernel_form_launches_the_gemm_on_x_itself(monkeypatch, dtype, m, n,
 
 
 def test_one_kernel_form_rules(monkeypatch):
-    """When the fused path takes the one-kernel form: at most
-    ONE_KERNEL_MAX_M rows (and the kernel's own per-dtype limit), x readable
-    by TMA in place, and a pick that has an in-kernel-quantising twin."""
+    """When the fused path takes the one-kernel form: x readable by TMA in
+    place, a pick that has an in-kernel-quantising twin, and at most
+    one_kernel_max_m rows for that pick's BLOCK_N (never more than the
+    kernel's 8)."""
     _heuristic_select(monkeypatch)
-    n, k = 2112, 7168
 
-    def one(x, n=n, k=k):
+    def one(x, n, k):
         return _quant._one_kernel_config(x, n, k, _gemm)
-    for dtype in (BF16, np.dtype(np.float32)):
-        limit = _quant.ONE_KERNEL_MAX_M[dtype.itemsize]
-        assert limit <= _config.QUANT_A_MAX_ROWS
-        assert one(fake((limit, k), dtype)) is not None
-        assert one(fake((limit + 1, k), dtype)) is None
-    assert one(fake((4, k), BF16, offset=8)) is None                        # base not 16-byte aligned
-    assert one(fake((4, k), BF16, strides=(2 * k + 2, 2))) is None          # row stride not a multiple of 16
-    assert one(fake((4, k), BF16, strides=(4 * k, 4))) is None              # last dimension strided
-    assert one(fake((1, k), BF16, strides=(6, 2))) is not None              # one row: any row stride
-    assert one(fake((4, 1000), BF16, strides=(2016, 2)), k=1008) is not None  # K tail: TMA zero-fills it
-    monkeypatch.setattr(_quant, "ONE_KERNEL_MAX_M", {2: 64, 4: 64})
-    assert one(fake((_config.QUANT_A_MAX_ROWS + 1, k), BF16)) is None        # past the kernel's own limit
-    assert one(fake((_config.QUANT_A_MAX_ROWS + 1, k), np.float32)) is None
-    # a pick with no twin: two math warpgroups at 7168 x 16384
+    # the rule, on the DeepSeek-V3 picks at M <= 8 (BLOCK_N 32, 192, 128, 56)
+    assert _quant.one_kernel_max_m(32, 2) == 0 and _quant.one_kernel_max_m(56, 2) == 4
+    assert _quant.one_kernel_max_m(128, 2) == 8 and _quant.one_kernel_max_m(192, 4) == 4
+    assert _quant.one_kernel_max_m(56, 4) == 2 and _quant.one_kernel_max_m(128, 1) == 0
+    for (n, k), limits in {(2112, 7168): (0, 0), (4096, 7168): (0, 0), (24576, 1536): (8, 4),
+                           (32768, 512): (8, 4), (7168, 2048): (4, 2), (7168, 16384): (0, 0)}.items():
+        for dtype, limit in zip((BF16, np.dtype(np.float32)), limits):
+            for m in range(1, 10):
+                got = one(fake((m, k), dtype), n, k)
+                assert (got is not None) == (m <= limit), (n, k, dtype, m, got)
+    n, k = 24576, 1536
+    assert one(fake((4, k), BF16, offset=8), n, k) is None                        # base not 16-byte aligned
+    assert one(fake((4, k), BF16, strides=(2 * k + 2, 2)), n, k) is None          # row stride not a multiple of 16
+    assert one(fake((4, k), BF16, strides=(4 * k, 4)), n, k) is None              # last dimension strided
+    assert one(fake((1, k), BF16, strides=(6, 2)), n, k) is not None              # one row: any row stride
+    assert one(fake((4, 1000), BF16, strides=(2016, 2)), n, 1008) is not None     # K tail: TMA zero-fills it
+    # forced everywhere: still the kernel's own limit, and no twin for two math warpgroups
+    monkeypatch.setattr(_quant, "ONE_KERNEL_MAX_M", {2: ((8, 64),), 4: ((8, 64),)})
+    assert one(fake((8, 7168), BF16), 2112, 7168) is not None
+    assert one(fake((_config.QUANT_A_MAX_ROWS + 1, k), BF16), n, k) is None
+    assert one(fake((_config.QUANT_A_MAX_ROWS + 1, k), np.float32), n, k) is None
     assert _config.select_config("normal", 1, 7168, 16384, num_sms=132).num_math_warpgroups == 2
-    assert one(fake((1, 16384), BF16), n=7168, k=16384) is None
+    assert one(fake((1, 16384), BF16), 7168, 16384) is None
 
 
 def test_quant_a_config():
@@ -381,7 +387,7 @@ def test_one_kernel_form_captures_without_a_workspace_and_is_cached(monkeypatch)
     rec = _stub_gemm_launches(monkeypatch)
     calls = _heuristic_select(monkeypatch)
     monkeypatch.setattr(_checks, "capturing", lambda cupy: True)
-    m, n, k = 8, 2112, 7168
+    m, n, k = 8, 24576, 1536
     x, out = fake((m, k), BF16), fake((m, n), BF16)
     b = _weights(n, k)
     _gemm.clear_launch_cache()

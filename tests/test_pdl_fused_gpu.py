@@ -581,13 +581,15 @@ def test_pdl_is_off_in_a_fresh_process():
 # ---------------------------------------------------------------- 8. the one-kernel form
 
 @contextlib.contextmanager
-def one_kernel_up_to(rows: dict):
-    """gemm_fp8's fused path takes its one-kernel form up to ``rows[itemsize]``
-    rows (at most the kernel's own limit); the launch cache is cleared on the
-    way in and out (its keys do not hold the form)."""
+def one_kernel_up_to(rows: int):
+    """gemm_fp8's fused path takes its one-kernel form up to ``rows`` rows
+    (at most the kernel's own limit) whatever the pick's BLOCK_N, so that
+    every pick is tested, also where the library's rule keeps two kernels;
+    the launch cache is cleared on the way in and out (its keys do not hold
+    the form)."""
     from cugemm8 import gemm, quant
     saved = quant.ONE_KERNEL_MAX_M
-    quant.ONE_KERNEL_MAX_M = dict(rows)
+    quant.ONE_KERNEL_MAX_M = {2: ((8, rows),), 4: ((8, rows),)}
     gemm.clear_launch_cache()
     try:
         yield
@@ -620,7 +622,7 @@ def test_one_kernel_form_bit_identical(cp, rng, weights, n, k, dtype_name):
     limit = _config.QUANT_A_MAX_ROWS
     rhs = weights(n, k)
     kp, ran = -(-k // 16) * 16, []
-    with one_kernel_up_to({2: limit, 4: limit}):
+    with one_kernel_up_to(limit):
         for m in sorted({1, 2, 3, 4, 5, limit - 1, limit}):
             what = f"m={m} n={n} k={k} {dtype_name}"
             x = randn(cp, seed_of(rng), (m, k), dt, scale=2.0)
@@ -656,7 +658,7 @@ def test_one_kernel_form_special_values(cp, rng, weights, dtype_name):
     host[7] = signs * float(ml_dtypes.finfo(dt).smallest_subnormal)
     host[1, ::3] = signs[::3] * float(ml_dtypes.finfo(dt).smallest_normal)
     x = cp.asarray(host)
-    with one_kernel_up_to({2: m, 4: m}):
+    with one_kernel_up_to(m):
         assert_one_kernel(x, n)
         out, _ = fused_vs_two_launch(cp, x, rhs, what=f"special {dtype_name}")
     got = H.to_f64(cp, out)
@@ -672,7 +674,7 @@ def test_one_kernel_form_pow2_scale(cp, rng, weights, dtype_name):
     m, n, k = 8, 7168, 2048
     rhs = weights(n, k)
     x = randn(cp, seed_of(rng), (m, k), DTYPES[dtype_name], scale=5.0)
-    with one_kernel_up_to(cugemm8.quant.ONE_KERNEL_MAX_M):
+    with one_kernel_up_to(8):
         assert_one_kernel(x, n)
         got, full = H.poisoned_out(cp, m, n)
         cugemm8.gemm_fp8(x, rhs, got, pow2_scale=True)
@@ -696,7 +698,7 @@ def test_one_kernel_form_many_tiles_per_cta(cp, rng, weights, n, k, num_sms):
     try:
         for m in (3, 8):
             x = randn(cp, seed_of(rng), (m, k))
-            with one_kernel_up_to(cugemm8.quant.ONE_KERNEL_MAX_M):
+            with one_kernel_up_to(8):
                 if cugemm8.quant._one_kernel_config(x, n, k, cugemm8.gemm) is None:
                     continue
                 fused_vs_two_launch(cp, x, rhs, what=f"m={m} n={n} k={k} on {num_sms} SMs")
@@ -711,7 +713,7 @@ def test_one_kernel_form_reads_strided_rows_in_place(cp, rng, weights):
     rhs = weights(n, k)
     buf = randn(cp, seed_of(rng), (m, 1024))
     x = buf[:, :k]
-    with one_kernel_up_to(cugemm8.quant.ONE_KERNEL_MAX_M):
+    with one_kernel_up_to(8):
         assert_one_kernel(x, n)
         fused_vs_two_launch(cp, x, rhs, what="strided x")
 
@@ -725,7 +727,7 @@ def test_one_kernel_form_captures_without_a_workspace(cp, rng, weights, pdl_on):
     x = cp.empty((m, k), BF16)
     x[...] = randn(cp, seed_of(rng), (m, k))
     out, full = H.poisoned_out(cp, m, n)
-    with one_kernel_up_to(cugemm8.quant.ONE_KERNEL_MAX_M), pdl(pdl_on):
+    with one_kernel_up_to(8), pdl(pdl_on):
         assert_one_kernel(x, n)
         cugemm8.gemm_fp8(x, rhs, out)                                  # eager: compiles
         out.view(cp.uint16)[...] = H.POISON_BITS

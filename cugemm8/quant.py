@@ -706,9 +706,9 @@ def gemm_fp8(a: cupy.ndarray | tuple[cupy.ndarray, cupy.ndarray],
             a temporary is allocated per call.  Needed under CUDA-graph
             capture by the two-kernel form (keep it alive as long as the
             graph, and do not share it between launches that may run
-            concurrently).  A call with ``out``, ``k % 16 == 0``, a
-            contiguous ``sfb`` and a workspace (or the one-kernel form) is
-            cached like the GEMMs' repeated calls.
+            concurrently).  A call with ``out``, a contiguous ``sfb``, and
+            either the one-kernel form (any ``k``) or a workspace and
+            ``k % 16 == 0`` is cached like the GEMMs' repeated calls.
 
     Returns:
         ``out``, bfloat16 ``[m, n]``.  When ``out`` is None and ``n % 8 != 0``
@@ -886,7 +886,8 @@ def _fused_key(a, b, out, workspace, pow2_scale, gemm):
 #: cycles at BLOCK_N = 32, 420 at 56, 800 at 192).  Measured on the H200
 #: (benches/bench_e2e.py, benches/RESULTS.md v0.14), one kernel against the
 #: two-kernel form: BLOCK_N 192 and 128 1.11-1.17x at M <= 4 and 1.05-1.17x at
-#: M = 8; 56 1.16-1.22x at M <= 4, 0.84x at 8; 32 0.78-0.96x at every M.
+#: M = 8; 56 1.16-1.22x at M <= 4, 0.84x at 8; 32 0.78-0.96x at every M.  The
+#: other widths are placed by those (48-120 like 56, 128 and up like 128).
 #: float32 x takes twice the steps per row (one row per step, not two), so
 #: half the rows (estimated from the probe, not measured end to end).  The
 #: kernel's own limit is _config.QUANT_A_MAX_ROWS (8).
@@ -910,14 +911,17 @@ def _one_kernel_config(x, n: int, k: int, gemm):
     layout TMA cannot read in place (the last dimension not contiguous, the
     base or row stride not 16-byte aligned), a GEMM pick without such a form
     (:func:`cugemm8._config.quant_a_config`), or more rows than
-    :func:`one_kernel_max_m` gives that pick.  The pick is the normal GEMM's
+    :func:`one_kernel_max_m` gives that pick.  Broadcast or reversed rows
+    (a zero or negative row stride) take the two-kernel form, whose
+    quantiser reads them.  The pick is the normal GEMM's
     own (tuned or heuristic), so the output bits are those of
     ``per_token_cast_to_fp8`` followed by :func:`cugemm8.gemm_fp8_fp8_bf16_nt`."""
     m, item = x.shape[0], x.itemsize
     if not 1 <= m <= min(_config.QUANT_A_MAX_ROWS, max((r for _, r in ONE_KERNEL_MAX_M.get(item, ())), default=0)):
         return None                     # (before choosing a configuration)
-    if x.data.ptr % 16 or (x.shape[1] > 1 and x.strides[1] != item) or (m > 1 and x.strides[0] % 16):
-        return None
+    if (x.data.ptr % 16 or (x.shape[1] > 1 and x.strides[1] != item)
+            or (m > 1 and (x.strides[0] <= 0 or x.strides[0] % 16))):
+        return None                     # (TMA: positive 16-byte multiples; broadcast / reversed rows: two kernels)
     cfg = _config.quant_a_config(gemm._select("normal", m, n, k, 1), k, item)
     return cfg if cfg is not None and m <= one_kernel_max_m(cfg.block_n, item) else None
 

@@ -120,6 +120,26 @@ def test_plan_warmup_dedupes_kernels():
     assert isinstance(jobs, list)
 
 
+def test_plan_warmup_adds_the_one_kernel_forms():
+    """A normal shape with few rows also needs the kernels that quantise
+    float activations themselves (gemm_fp8's one-kernel form), where the
+    library would take that form: by x's dtype and the pick's BLOCK_N."""
+    from cugemm8 import _config, gemm, quant
+    jobs, errors = cli.plan_warmup([cli.Shape("normal", 4, 24576, 1536)], 132)
+    pick = _config.select_config("normal", 4, 24576, 1536, num_sms=132)
+    names = {j.name for j in jobs}
+    assert not errors and gemm._kernel_name(pick, 24576, 1536, 0, 1) in names
+    for dtype, item in (("bfloat16", 2), ("float16", 2), ("float32", 4)):
+        twin = _config.quant_a_config(pick, 1536, item)
+        assert gemm._kernel_name(twin, 24576, 1536, 0, 1, dtype) in names
+        assert 4 <= quant.one_kernel_max_m(twin.block_n, item)
+    assert len(jobs) == 4 and all(j.header is None for j in jobs)
+    # narrow picks (BLOCK_N 32) and more rows: the FP8 kernel alone
+    for shape in (cli.Shape("normal", 4, 2112, 7168), cli.Shape("normal", 64, 24576, 1536)):
+        jobs, errors = cli.plan_warmup([shape], 132)
+        assert not errors and len(jobs) == 1 and jobs[0].name.count(",") == 11    # no kAIn argument
+
+
 def test_warmup_bad_file_exits_2(tmp_path, capsys):
     assert cli.main(["warmup", "--shapes", str(tmp_path / "nope.json"), "--compile-only"]) == 2
 

@@ -163,6 +163,13 @@ def test_smem_layout_matches_the_python_formula():
                                               f"&& {t}::kOffB % 1024 == 0 && {t}::kOffX % 128 == 0 "
                                               f"&& {t}::kOffClusterBar % 8 == 0, "
                                               f"\"{k} {bm} {bn} {stages} {splits} {wgs} {quant_a}\");")
+    # The in-kernel quantisation's constants: the per-token cast's default
+    # min_amax, the pow2 flag bit.
+    import numpy as np
+    from cugemm8 import quant
+    checks.append(f"static_assert(cugemm8::kQuantAMinAmax == {float(np.float32(quant._DEFAULT_MIN_AMAX))!r}f && "
+                  f"cugemm8::kFlagAPow2Scale == {_gemm.FLAG_A_POW2_SCALE}u && "
+                  f"cugemm8::kFlagBEvictFirst == {_gemm.FLAG_B_EVICT_FIRST}u, \"kernel flags and min_amax\");")
     # The rows of float activations a stage holds beside their payload.
     for dtype, code in _gemm.A_IN_CODES.items():
         itemsize = {"float32": 4, "float16": 2, "bfloat16": 2}[dtype]

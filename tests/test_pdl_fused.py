@@ -308,6 +308,7 @@ def test_one_kernel_form_launches_the_gemm_on_x_itself(monkeypatch, dtype, m, n,
         assert x_map[:3] == (tma_dtype, x.data.ptr, (k, m, 1)) and x_map[4] == (128, m, 1)
         assert m == 1 or x_map[3][0] == x.strides[0]
         assert len(rec.maps) == 3                         # x, B, D: no SFA map
+        assert int(rec.args[1]) == m                      # a_box_rows: x's box and its barrier's bytes
         flags = int(rec.args[2])
         assert bool(flags & _gemm.FLAG_A_POW2_SCALE) == pow2
         assert bool(flags & _gemm.FLAG_B_EVICT_FIRST) == _gemm.b_evict_first(m, 64, kp)
@@ -339,6 +340,8 @@ def test_one_kernel_form_rules(monkeypatch):
     assert one(fake((4, k), BF16, offset=8), n, k) is None                        # base not 16-byte aligned
     assert one(fake((4, k), BF16, strides=(2 * k + 2, 2)), n, k) is None          # row stride not a multiple of 16
     assert one(fake((4, k), BF16, strides=(4 * k, 4)), n, k) is None              # last dimension strided
+    assert one(fake((4, k), BF16, strides=(0, 2)), n, k) is None                  # broadcast rows
+    assert one(fake((4, k), BF16, strides=(-2 * k, 2), offset=6 * k), n, k) is None  # reversed rows
     assert one(fake((1, k), BF16, strides=(6, 2)), n, k) is not None              # one row: any row stride
     assert one(fake((4, 1000), BF16, strides=(2016, 2)), n, 1008) is not None     # K tail: TMA zero-fills it
     # forced everywhere: still the kernel's own limit, and no twin for two math warpgroups

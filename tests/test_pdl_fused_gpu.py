@@ -457,6 +457,24 @@ def test_pdl_graph_fused_chain(cp, rng, weights, m, pdl_on, shared_ws):
 
 # ---------------------------------------------------------------- 6. fused path under capture
 
+def assert_replays_match_two_launch(cp, rng, c, x, rhs, out, full):
+    """Replay the captured graph ``c`` twice, each time on new values in
+    ``x`` [m, k] (the captured input) with ``out`` [m, n] poisoned first
+    (``full``: its guarded buffer): the bits of the two-launch path on those
+    values, guards intact."""
+    (m, k), n = x.shape, out.shape[1]
+    for replay in range(2):
+        x_new = randn(cp, seed_of(rng), (m, k))
+        x[...] = x_new
+        out.view(cp.uint16)[...] = H.POISON_BITS
+        cp.cuda.Device().synchronize()
+        c.replay()
+        want = cp.empty((m, n), BF16)
+        two_launch(cp, x_new, rhs, want)
+        assert_same_bits(cp, out, want, what=f"replay {replay}")
+        assert H.guards_intact(cp, full, m, n)
+
+
 @pytest.mark.parametrize("pdl_on", [False, True], ids=["pdl-off", "pdl-on"])
 def test_fused_capture_needs_workspace(cp, rng, weights, pdl_on):
     """Under capture the fused call is refused without a workspace, with a k
@@ -489,16 +507,7 @@ def test_fused_capture_needs_workspace(cp, rng, weights, pdl_on):
             cugemm8.gemm_fp8(x, rhs, out, workspace=ws)
     assert c.graph is not None and not c.stream.is_capturing()
     assert_poisoned(cp, full, what="capture must not run the kernels")
-    for replay in range(2):
-        x_new = randn(cp, seed_of(rng), (m, k))
-        x[...] = x_new
-        out.view(cp.uint16)[...] = H.POISON_BITS
-        cp.cuda.Device().synchronize()
-        c.replay()
-        want = cp.empty((m, n), BF16)
-        two_launch(cp, x_new, rhs, want)
-        assert_same_bits(cp, out, want, what=f"replay {replay}")
-        assert H.guards_intact(cp, full, m, n)
+    assert_replays_match_two_launch(cp, rng, c, x, rhs, out, full)
 
 
 # ---------------------------------------------------------------- 7. workspace validation
@@ -640,9 +649,9 @@ def test_one_kernel_form_bit_identical(cp, rng, weights, n, k, dtype_name):
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 def test_one_kernel_form_special_values(cp, rng, weights, dtype_name):
-    """NaN, Inf, zero, the dtype's max, subnormal and smallest-normal rows
-    quantised in the kernel: the two-launch path's bits, NaN / Inf kept in
-    their rows."""
+    """NaN, Inf, zero, the dtype's max, subnormal and smallest-normal rows,
+    and a row whose amax is below min_amax, quantised in the kernel: the
+    two-launch path's bits, NaN / Inf kept in their rows."""
     dt = DTYPES[dtype_name]
     from cugemm8 import _config
     m, n, k = _config.QUANT_A_MAX_ROWS, 2112, 7168
@@ -656,6 +665,7 @@ def test_one_kernel_form_special_values(cp, rng, weights, dtype_name):
     host[5] = 0
     host[6] = signs * float(ml_dtypes.finfo(dt).max)
     host[7] = signs * float(ml_dtypes.finfo(dt).smallest_subnormal)
+    host[1] = signs * 5e-5                         # amax below min_amax (1e-4): the clamp decides the bytes
     host[1, ::3] = signs[::3] * float(ml_dtypes.finfo(dt).smallest_normal)
     x = cp.asarray(host)
     with one_kernel_up_to(m):
@@ -687,23 +697,29 @@ def test_one_kernel_form_pow2_scale(cp, rng, weights, dtype_name):
     assert not bool(cp.all(plain.view(cp.uint16) == want.view(cp.uint16))), "pow2_scale changed nothing"
 
 
-@pytest.mark.parametrize("n,k,num_sms", [(2112, 7168, 4), (32768, 512, 6), (7168, 2048, 3)])
-def test_one_kernel_form_many_tiles_per_cta(cp, rng, weights, n, k, num_sms):
-    """A small SM budget: each persistent CTA runs many tiles, so every
-    stage's converter warp walks many laps of the ring (the x_full and full
-    barriers' phases) across tiles."""
+# (n, k, BLOCK_N, stages, K splits, grid): a split-K pair's 66 tiles over 4
+# pairs, then 256 and 128 tiles over 6 and 3 CTAs.
+MANY_TILES = [(2112, 7168, 32, 16, 2, 8), (32768, 512, 128, 8, 1, 6), (7168, 2048, 56, 14, 1, 3)]
+
+
+@pytest.mark.parametrize("n,k,bn,stages,splits,grid", MANY_TILES, ids=str)
+def test_one_kernel_form_many_tiles_per_cta(cp, rng, weights, n, k, bn, stages, splits, grid):
+    """Forced small grids (the same configuration for both paths): each
+    persistent CTA (or split-K pair) runs many tiles, so every stage's
+    converter warp walks many laps of the ring (the x_full, empty and full
+    barriers' phases) across tiles.  (Written after this session's last GPU
+    run: the earlier form of this test let the split-K case fall back to two
+    kernels unnoticed.)"""
+    from cugemm8 import _config, gemm
     rhs = weights(n, k)
-    saved = cugemm8.get_num_sms()
-    cugemm8.set_num_sms(num_sms)
-    try:
-        for m in (3, 8):
-            x = randn(cp, seed_of(rng), (m, k))
-            with one_kernel_up_to(8):
-                if cugemm8.quant._one_kernel_config(x, n, k, cugemm8.gemm) is None:
-                    continue
-                fused_vs_two_launch(cp, x, rhs, what=f"m={m} n={n} k={k} on {num_sms} SMs")
-    finally:
-        cugemm8.set_num_sms(saved)
+    cfg = _config.make_config("normal", 64, bn, stages, k, num_k_splits=splits, num_sms=grid,
+                              num_math_warpgroups=1)
+    assert _config.is_legal(cfg, k=k)[0]
+    for m in (3, 8):
+        x = randn(cp, seed_of(rng), (m, k))
+        with one_kernel_up_to(8), gemm._forced_config(cfg):
+            assert_one_kernel(x, n, f"m={m} {cfg}")
+            fused_vs_two_launch(cp, x, rhs, what=f"m={m} n={n} k={k} {cfg}")
 
 
 def test_one_kernel_form_reads_strided_rows_in_place(cp, rng, weights):
@@ -734,13 +750,4 @@ def test_one_kernel_form_captures_without_a_workspace(cp, rng, weights, pdl_on):
         with Capture(cp) as c:
             cugemm8.gemm_fp8(x, rhs, out)
         assert_poisoned(cp, full, what="capture must not run the kernel")
-        for replay in range(2):
-            x_new = randn(cp, seed_of(rng), (m, k))
-            x[...] = x_new
-            out.view(cp.uint16)[...] = H.POISON_BITS
-            cp.cuda.Device().synchronize()
-            c.replay()
-            want = cp.empty((m, n), BF16)
-            two_launch(cp, x_new, rhs, want)
-            assert_same_bits(cp, out, want, what=f"replay {replay}")
-            assert H.guards_intact(cp, full, m, n)
+        assert_replays_match_two_launch(cp, rng, c, x, rhs, out, full)

@@ -52,8 +52,10 @@ def plan_warmup(shapes: list[Shape], num_sms: int) -> tuple[list[WarmupJob], lis
     A training shape (``wgrad``, ``k_grouped``) needs the 1D1D kernels the ops
     pick without ``c`` and with ``c = d`` (the TMA epilogue), and with ``c``
     another array or ``d`` not 16-byte aligned (the register epilogue); the
-    choices may differ."""
-    from .. import _config, _config_1d1d, gemm, gemm_1d1d
+    choices may differ.  A normal shape with few enough rows also needs the
+    kernels that quantise bf16 / fp16 / fp32 activations themselves
+    (``gemm_fp8``'s one-kernel form, :func:`cugemm8.quant.one_kernel_max_m`)."""
+    from .. import _config, _config_1d1d, gemm, gemm_1d1d, quant
     jobs: dict[str, WarmupJob] = {}
     errors = []
     for s in shapes:
@@ -68,11 +70,18 @@ def plan_warmup(shapes: list[Shape], num_sms: int) -> tuple[list[WarmupJob], lis
             else:
                 cfg = _config.select_config(s.kind, s.m, s.n, s.k, num_groups=s.num_groups, num_sms=num_sms)
                 todo = [(gemm._kernel_name(cfg, s.n, s.k, gemm._GEMM_TYPE[s.kind], s.num_groups), cfg, None)]
+                for dtype, item in (("bfloat16", 2), ("float16", 2), ("float32", 4)):
+                    twin = _config.quant_a_config(cfg, s.k, item) if s.kind == "normal" else None
+                    if twin is not None and 1 <= s.m <= quant.one_kernel_max_m(twin.block_n, item):
+                        todo.append((gemm._kernel_name(twin, s.n, s.k, 0, 1, dtype), twin, f"{dtype} in"))
         except Exception as exc:
             errors.append(f"{s.kind} {s.label()}: {type(exc).__name__}: {exc}")
             continue
         for name, cfg, header in todo:
-            label = f"1d1d {cfg}" if header is not None else str(cfg)   # the training kernel: another family
+            if header is not None and header.endswith(" in"):           # gemm_fp8's one-kernel form
+                label, header = f"{cfg} {header}", None
+            else:
+                label = f"1d1d {cfg}" if header is not None else str(cfg)   # the training kernel: another family
             job = jobs.setdefault(name, WarmupJob(name, label, cfg.smem_bytes, [], header=header))
             if f"{s.kind} {s.label()}" not in job.shapes:
                 job.shapes.append(f"{s.kind} {s.label()}")

@@ -926,6 +926,18 @@ def _one_kernel_config(x, n: int, k: int, gemm):
     return cfg if cfg is not None and m <= one_kernel_max_m(cfg.block_n, item) else None
 
 
+def _fused_weights_and_out(b, out, m: int, cupy, gemm):
+    """``(b payload, sfb, out)`` of both fused forms: the validated weight pair
+    in the GEMM's layout (``sfb`` converted only if it must be) and ``out``,
+    a fresh bfloat16 ``[m, n]`` array when None."""
+    b_q = gemm._as_fp8("b payload", b[0], 2, cupy)
+    sfb = gemm._prepare_sfb(b[1], cupy)
+    if out is None:
+        import ml_dtypes
+        out = cupy.empty((m, b_q.shape[0]), dtype=ml_dtypes.bfloat16)
+    return b_q, sfb, out
+
+
 def _gemm_fp8_one_kernel(x, b, out, cfg, pow2_scale, key, cupy, gemm):
     """The one-kernel form of :func:`gemm_fp8`'s fused path (see
     :func:`_one_kernel_config`): validated float ``x`` [m, k_x], quantised
@@ -933,12 +945,8 @@ def _gemm_fp8_one_kernel(x, b, out, cfg, pow2_scale, key, cupy, gemm):
     in CUDA graphs without a workspace."""
     check_quant_options(_DEFAULT_MIN_AMAX, pow2_scale)
     m, kp = x.shape[0], padded_k(x.shape[1])
-    b_q = gemm._as_fp8("b payload", b[0], 2, cupy)
-    sfb = gemm._prepare_sfb(b[1], cupy)
+    b_q, sfb, out = _fused_weights_and_out(b, out, m, cupy, gemm)
     n = b_q.shape[0]
-    if out is None:
-        import ml_dtypes
-        out = cupy.empty((m, n), dtype=ml_dtypes.bfloat16)
     flags = gemm.FLAG_A_POW2_SCALE if pow2_scale else 0
     launch = gemm._prepare_launch(cfg, "normal", n, kp, 1, m, m, x, None, b_q, sfb, out, None, 1, flags,
                                   x_dtype=x.dtype.name)
@@ -959,12 +967,8 @@ def _gemm_fp8_fused(x, b, out, workspace, pow2_scale, key, cupy, gemm):
     a_q = ws[:m * kp].reshape(m, kp)
     sfa_buf = ws[off:total].view(np.float32).reshape(1, kb, m_pad)
     sfa = sfa_buf[0].T[:m]                       # [m, kb], strides (4, 4 * m_pad)
-    b_q = gemm._as_fp8("b payload", b[0], 2, cupy)
-    sfb = gemm._prepare_sfb(b[1], cupy)
+    b_q, sfb, out = _fused_weights_and_out(b, out, m, cupy, gemm)
     n = b_q.shape[0]
-    if out is None:
-        import ml_dtypes
-        out = cupy.empty((m, n), dtype=ml_dtypes.bfloat16)
     cfg = gemm._select("normal", m, n, kp, 1)
     # Every descriptor is encoded before the first launch.
     gemm_launch = gemm._prepare_launch(cfg, "normal", n, kp, 1, m, m, a_q, sfa, b_q, sfb, out, None, 1)

@@ -185,6 +185,14 @@ struct GemmTraits {
   // boundary variants (256x128, 128x192: +1-3 % over 2 at M = 4096), 2
   // elsewhere (4 made the 8-variant 256x112 masked kernel 13 % slower and
   // the small tiles 0-3 % slower); benches/RESULTS.md, v0.4.
+  // The K loop overlaps block j's promotion with block j + 1's WGMMAs (two
+  // accumulators: the math loop's kPipelineMma) on one math warpgroup
+  // (BLOCK_M = 64, w1) with a third BLOCK_N / 2-register set beside the
+  // other two (BLOCK_N <= 96): the decode tiles.  Measured on the H200
+  // (benches/RESULTS.md v0.15): 2-4.5 % faster at BLOCK_N 56-96, even at
+  // 16-32; with two math warpgroups of 64 rows each (BLOCK_M = 128) 3-6 %
+  // slower, so not there.
+  static constexpr bool kPipelineMma = kNumMathWG == 1 && BLOCK_N <= 96;
   static constexpr uint32_t kKLoopUnroll =
       (BLOCK_M * BLOCK_N >= 128 * 192 && num_former_variants<BLOCK_N>() <= 2) ? 4 : 2;
   static constexpr uint32_t kDCols = kSwizzleDBytes ? kSwizzleDBytes / 2 : BLOCK_N;  // columns per TMA store
@@ -799,8 +807,59 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
               pipe.advance();
             }
           };
-          // A compile-time trip count for each rank (a run-time one spilled).
-          if (T::kSplitSkew != 0 && rank == 1) {
+          // kPipelineMma: block j + 1's WGMMAs are issued before block j's are
+          // waited for, into a second accumulator, so block j's wait, release
+          // and promotion overlap block j + 1's MMAs instead of each K block
+          // being one WGMMA -> wait -> promote chain after the other.  The
+          // same operations in the same order on every value: the output
+          // bits do not change.
+          auto blocks_pipelined = [&](uint32_t count) {
+            float accum_b[kNumAccum];
+            // Wait for the next stage, read its A scales, issue its MMAs into `acc`.
+            auto start = [&](float* acc, float (&sa)[2]) {
+              const uint32_t stage = pipe.stage;
+              mbarrier_wait(full_bar + stage, pipe.phase);
+              const uint32_t r = row_off(0) + warp * 16 + lane / 4;
+              sa[0] = smem_sfa(stage)[r];
+              sa[1] = smem_sfa(stage)[r + 8];
+              issue_mma(acc, stage, 0);
+              pipe.advance();
+              return stage;
+            };
+            // K block kb's MMAs into `acc` are complete: release its stage, promote.
+            auto finish = [&](float* acc, uint32_t stage, uint32_t kb, const float (&sa)[2]) {
+              fence_acc(acc);
+              release(stage);
+              const float sb0 = warp_sfb[kb], sb1 = T::kSFBTileRows == 2 ? warp_sfb[kNumKBlocks + kb] : sb0;
+              promote(acc, final_accum[0], sa[0], sa[1], sb0, sb1, num_former);
+            };
+            // Pairs of blocks: both issued, then the first waited for and
+            // promoted while the second runs.  No group stays in flight across
+            // the loop's back edge or a branch (ptxas then serialised every
+            // WGMMA, C7514).
+            float sa_a[2], sa_b[2];
+            uint32_t j = 0;
+            #pragma unroll 1
+            for (; j + 1 < count; j += 2) {
+              const uint32_t stage_a = start(accum, sa_a);
+              const uint32_t stage_b = start(accum_b, sa_b);
+              wgmma_wait_group<1>();
+              finish(accum, stage_a, kb_begin + j, sa_a);
+              wgmma_wait_group<0>();
+              finish(accum_b, stage_b, kb_begin + j + 1, sa_b);
+            }
+            if (j < count) {   // an odd count's last block
+              const uint32_t stage_a = start(accum, sa_a);
+              wgmma_wait_group<0>();
+              finish(accum, stage_a, kb_begin + j, sa_a);
+            }
+          };
+          if constexpr (T::kPipelineMma) {
+            // One copy of the loop for both ranks (two made ptxas serialise
+            // the WGMMAs of the 128x32 split-K kernel, C7514).
+            blocks_pipelined(T::kSplitSkew != 0 && rank == 1 ? T::kKBlocksRank1 : T::kKBlocksRank0);
+          } else if (T::kSplitSkew != 0 && rank == 1) {
+            // A compile-time trip count for each rank (a run-time one spilled).
             blocks(UConst<T::kKBlocksRank1>{});
           } else {
             blocks(UConst<T::kKBlocksRank0>{});

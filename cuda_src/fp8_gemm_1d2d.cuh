@@ -855,9 +855,8 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
             }
           };
           if constexpr (T::kPipelineMma) {
-            // One copy of the loop for both ranks (two made ptxas serialise
-            // the WGMMAs of the 128x32 split-K kernel, C7514).
-            blocks_pipelined(T::kSplitSkew != 0 && rank == 1 ? T::kKBlocksRank1 : T::kKBlocksRank0);
+            static_assert(T::kSplitSkew == 0, "kPipelineMma (BLOCK_M = 64): both ranks run the same count");
+            blocks_pipelined(T::kKBlocksRank0);
           } else if (T::kSplitSkew != 0 && rank == 1) {
             // A compile-time trip count for each rank (a run-time one spilled).
             blocks(UConst<T::kKBlocksRank1>{});

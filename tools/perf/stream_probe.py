@@ -1,6 +1,6 @@
 """How fast can one kernel read a decode GEMM's weights?  (one GPU call)
 
-    python tools/perf/stream_probe.py [--reps 30] [--json OUT]
+    python tools/perf/stream_probe.py [--reps 30] [--only REGEX] [--json OUT]
 
 At M <= 64 a cugemm8 GEMM's time is B's stream from HBM plus a fixed cost
 (benches/RESULTS.md v0.5, v0.8).  This probe times *read-only* kernels over
@@ -16,6 +16,11 @@ kernel durations (``benches/common.kernel_times``):
   waits on each stage and frees it.  Tiles go to CTAs round-robin, as the
   persistent scheduler hands them out;
 * ``tma RxS x2``: the same with two CTAs per SM (half the stages each);
+* ``tma-ef RxS``: ``tma RxS`` with B's L2 evict-first hint (the GEMM's at
+  decode); ``tma-ef+A RxS shared|own``: the same plus, per stage, the GEMM's
+  two small loads of A at M = 1 (a 128-byte box of a row of A and a 16-byte
+  box of its scales) from one row for every CTA (``shared``, the GEMM's
+  case) or a row per CTA (``own``);
 * ``bulk CxS``: 1-D ``cp.async.bulk`` copies of C contiguous bytes through
   an S-stage ring (the whole matrix as one linear stream);
 * ``ldg U``: every thread of 132 x 4 CTAs x 512 threads reads 16-byte
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -130,6 +136,51 @@ __global__ void __launch_bounds__(64) tma_feed(const __grid_constant__ TmaDescri
           } else {
             tma_load_2d(smem + s * R * 128, &tmap, &full[s], kb * 128, t * R);
           }
+        }
+    }
+  } else {
+    consume_ring<S>(smem, R * 128, full, empty, items_of_cta(tiles) * kblocks, out);
+  }
+}
+
+// tma_feed<R, S, true> plus, per stage, the GEMM's two small loads of A at
+// M = 1: a 128-byte box of an A row and a 16-byte box of its scales, from the
+// same row for every CTA (kPrivateA false: the GEMM's case, every CTA reading
+// the same lines at about the same time) or from a row of the CTA's own.
+template <int R, int S, bool kPrivateA>
+__global__ void __launch_bounds__(64) tma_feed_a(const __grid_constant__ TmaDescriptor tmap,
+                                                 const __grid_constant__ TmaDescriptor tmap_a,
+                                                 const __grid_constant__ TmaDescriptor tmap_sfa,
+                                                 int n, int k, int* out) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S * R * 128 + S * 256);
+  uint64_t* empty = full + S;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) { mbarrier_init(&full[s], 1); mbarrier_init(&empty[s], 1); }
+    fence_barrier_init();
+  }
+  __syncthreads();
+  const int tiles = n / R, kblocks = k / 128;
+  const int a_row = kPrivateA ? blockIdx.x : 0;
+  if (threadIdx.x / 32 == 0) {
+    if (threadIdx.x == 0) {
+      tma_prefetch_descriptor(&tmap);
+      uint64_t policy = 0;
+      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+      int it = 0;
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x)
+        for (int kb = 0; kb < kblocks; ++kb, ++it) {
+          const int s = it % S, round = it / S;
+          if (round > 0) mbarrier_wait(&empty[s], (round - 1) & 1);
+          mbarrier_arrive_expect_tx(&full[s], R * 128 + 128 + 16);
+          uint8_t* a_dst = smem + S * R * 128 + s * 256;
+          tma_load_2d(a_dst, &tmap_a, &full[s], kb * 128, a_row);
+          tma_load_2d(a_dst + 128, &tmap_sfa, &full[s], 0, a_row * kblocks + kb);
+          asm volatile(
+              "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+              " [%0], [%1, {%3, %4}], [%2], %5;"
+              ::"r"(smem_addr(smem + s * R * 128)), "l"(reinterpret_cast<uint64_t>(&tmap)),
+                "r"(smem_addr(&full[s])), "r"(kb * 128), "r"(t * R), "l"(policy) : "memory");
         }
     }
   } else {
@@ -257,7 +308,8 @@ BULK = [(16384, 12), (32768, 6), (8192, 24), (4096, 48)]
 LDG = [2, 4, 8]
 LDG_TILE = [(32, 8), (64, 8), (64, 4)]
 CPASYNC = [(32, 16, 4), (32, 32, 4), (64, 12, 4), (64, 24, 4), (32, 16, 1), (16, 32, 4)]
-TMA_EF = [(32, 16), (64, 12)]
+TMA_A = [(32, 16), (64, 12)]
+TMA_EF = [(32, 16), (64, 12), (32, 24), (32, 32), (32, 48), (64, 24), (16, 32)]
 
 
 def build():
@@ -268,6 +320,7 @@ def build():
     names += [f"ldg_tile<{r},{u}>" for r, u in LDG_TILE]
     names += [f"cpasync_feed<{r},{s},{w}>" for r, s, w in CPASYNC]
     names += [f"tma_feed<{r},{s},true>" for r, s in TMA_EF]
+    names += [f"tma_feed_a<{r},{s},{p}>" for r, s in TMA_A for p in ("false", "true")]
     opts = ("-std=c++17", "-arch=sm_90a", f"-I{_ROOT / 'cuda_src'}")
     mod = cp.RawModule(code=SRC, options=opts, name_expressions=names)
     return {nm: mod.get_function(nm) for nm in names}
@@ -281,6 +334,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--only", metavar="REGEX", help="time only the probes whose label matches")
     args = ap.parse_args()
     import cugemm8
     fns = build()
@@ -290,6 +344,8 @@ def main() -> int:
     rows = []
 
     def timed(label, n, k, nbytes, fn):
+        if args.only and not re.search(args.only, label):
+            return
         t = common.kernel_times([fn], reps=args.reps, flush=flush)
         us = t.median if t is not None else float("nan")
         rows.append({"n": n, "k": k, "probe": label, "us": us, "gbps": nbytes / us / 1e3})
@@ -348,6 +404,24 @@ def main() -> int:
             timed(f"tma-ef {r}x{s}", n, k, nbytes,
                   lambda fn=fn, desc=desc, smem=smem, r=r:
                   fn((min(n // r, sms),), (64,), (desc, cp.int32(n), cp.int32(k), out), shared_mem=smem))
+        a_rows = 256
+        a_buf = cp.random.randint(0, 255, size=(a_rows, k), dtype=cp.uint8)
+        sfa_buf = cp.random.randint(0, 255, size=(a_rows * (k // 128), 16), dtype=cp.uint8)
+        tmap_a = _tma.make_descriptor("u8", a_buf.data.ptr, [k, a_rows], [k], [128, 1], swizzle=0)
+        tmap_sfa = _tma.make_descriptor("u8", sfa_buf.data.ptr, [16, a_rows * (k // 128)], [16], [16, 1],
+                                        swizzle=0)
+        for r, s in TMA_A:
+            if n % r:
+                continue
+            desc = _tma.make_descriptor("u8", b.data.ptr, [k, n], [k], [128, r], swizzle=128)
+            smem = s * r * 128 + s * 256 + 16 * s + 1024
+            for private in ("false", "true"):
+                fn = fns[f"tma_feed_a<{r},{s},{private}>"]
+                smem_attr(fn, smem)
+                timed(f"tma-ef+A {r}x{s}" + (" own" if private == "true" else " shared"), n, k, nbytes,
+                      lambda fn=fn, desc=desc, smem=smem, r=r:
+                      fn((min(n // r, sms),), (64,), (desc, tmap_a, tmap_sfa, cp.int32(n), cp.int32(k), out),
+                         shared_mem=smem))
         # the GEMM itself at M = 1 (heuristic config), same bytes of B
         x = cp.random.randint(0, 120, size=(1, k), dtype=cp.uint8)
         sfa = cugemm8.get_col_major_tma_aligned_tensor(cp.ones((1, (k + 127) // 128), dtype=cp.float32))

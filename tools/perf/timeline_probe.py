@@ -21,6 +21,11 @@ medians over CTAs, in microseconds:
   done; ``total``: entry -> exit;
 * ``exchange`` (split K): K loop done -> the pair's partial tile sent
   (rank 1) or received and added (rank 0);
+* ``cwait`` / ``pwait``: the math warpgroup's time waiting on full barriers
+  in its first tile's K loop, and the producer's waiting on empty barriers
+  (all its tiles), as fractions of that K loop (first stage landed -> loop
+  done): a starved math warpgroup (high cwait) is bound by the feed, a
+  producer waiting on a full ring with a low cwait by the math;
 * ``skew``: spread of CTA entry times (globaltimer), ``span``: first entry
   -> last exit over the grid.
 
@@ -65,31 +70,49 @@ PROBE = [
      "    uint32_t sm; asm volatile(\"mov.u32 %0, %%smid;\" : \"=r\"(sm));\n"
      "    probe_ts[0] = probe_gt(); probe_ts[1] = probe_clock(); probe_ts[11] = sm;\n"
      "  }\n"),
-    (K, "    if (threadIdx.x == producer_leader) {\n      uint32_t stage = 0, phase = 0;\n",
-     "    if (threadIdx.x == producer_leader) {\n      uint32_t stage = 0, phase = 0;\n"
-     "      bool probe_first_p = true;\n"),
+    (K, "    if (threadIdx.x == producer_leader) {\n      PipeState<kNumStages> pipe;\n",
+     "    if (threadIdx.x == producer_leader) {\n      PipeState<kNumStages> pipe;\n"
+     "      bool probe_first_p = true;\n      unsigned long long probe_pwait = 0;\n"),
+    (K, "          uint64_t* bar = producer_acquire(pipe, full_bar, empty_bar, tx_bytes);\n",
+     "          const unsigned long long probe_p0 = probe_clock();\n"
+     "          uint64_t* bar = producer_acquire(pipe, full_bar, empty_bar, tx_bytes);\n"
+     "          probe_pwait += probe_clock() - probe_p0;\n          probe_ts[15] = probe_pwait;\n"),
     (K, "        if (skip || absent) continue;\n        const int32_t a_row",
      "        if (skip || absent) continue;\n"
      "        if (probe_first_p) { probe_ts[2] = probe_clock(); probe_first_p = false; }\n"
      "        const int32_t a_row"),
     (K, "    uint32_t red_phase = 0;   // split K across the cluster: exchanges done, mod 2\n",
      "    uint32_t red_phase = 0;   // split K across the cluster: exchanges done, mod 2\n"
-     "    bool probe_first_m = true;\n"),
+     "    bool probe_first_m = true;\n    unsigned long long probe_cwait = 0;\n    uint32_t probe_j = 0;\n"),
     (K, "        __syncwarp();\n        // 8-column chunks",
      "        __syncwarp();\n        if (threadIdx.x == 0 && probe_first_m) probe_ts[3] = probe_clock();\n"
      "        // 8-column chunks"),
-    (K, "            mbarrier_wait(full_bar + stage, phase);\n",
-     "            mbarrier_wait(full_bar + stage, phase);\n"
+    (K, "              mbarrier_wait(full_bar + stage, pipe.phase);\n              // Read this stage's A scales",
+     "              const unsigned long long probe_w0 = probe_clock();\n"
+     "              mbarrier_wait(full_bar + stage, pipe.phase);\n"
      "            if (threadIdx.x == 0 && probe_first_m) {\n"
+     "              probe_cwait += probe_clock() - probe_w0;\n"
      "              if (j == 0) probe_ts[4] = probe_clock();\n"
      "              if (j + 2 >= kCount) { probe_ts[5] = probe_clock(); probe_ts[13] = j; }\n"
-     "            }\n"),
+     "            }\n"
+     "              // Read this stage's A scales"),
+    # the pipelined K loop (kPipelineMma): its `start` waits for each block's stage
+    (K, "              mbarrier_wait(full_bar + stage, pipe.phase);\n              const uint32_t r = row_off(0)",
+     "              const unsigned long long probe_w0 = probe_clock();\n"
+     "              mbarrier_wait(full_bar + stage, pipe.phase);\n"
+     "              if (threadIdx.x == 0 && probe_first_m) {\n"
+     "                probe_cwait += probe_clock() - probe_w0;\n"
+     "                if (probe_j == 0) probe_ts[4] = probe_clock();\n"
+     "                if (probe_j + 2 >= count) { probe_ts[5] = probe_clock(); probe_ts[13] = probe_j; }\n"
+     "                ++probe_j;\n"
+     "              }\n"
+     "              const uint32_t r = row_off(0)"),
     (K, "          red_phase ^= 1;\n",
      "          red_phase ^= 1;\n"
      "          if (threadIdx.x == 0 && probe_first_m) probe_ts[12] = probe_clock();\n"),
     (K, "        dispatch_num_former<BLOCK_N>(n0, k_loop);\n",
      "        dispatch_num_former<BLOCK_N>(n0, k_loop);\n"
-     "        if (threadIdx.x == 0 && probe_first_m) probe_ts[6] = probe_clock();\n"),
+     "        if (threadIdx.x == 0 && probe_first_m) { probe_ts[6] = probe_clock(); probe_ts[14] = probe_cwait; }\n"),
     (K, "        if (issued) tma_store_commit();\n      }\n    }\n",
      "        if (issued) tma_store_commit();\n"
      "        if (threadIdx.x == 0 && probe_first_m) probe_ts[7] = probe_clock();\n      }\n"
@@ -129,12 +152,16 @@ def summarise(ts: np.ndarray, ctas: int) -> dict:
             "tail": us(5, 6), "epi": us(6, 7), "drain": us(7, 8), "total": us(1, 9),
             "skew": (t[:, 0].max() - t[:, 0].min()) / 1e3, "span": (t[:, 10].max() - t[:, 0].min()) / 1e3,
             "first_max": np.max(t[:, 4] - t[:, 2]) / ghz / 1e3,
+            # waits as fractions of the first tile's K loop (first stage landed -> loop done):
+            # the math warpgroup's on full barriers, the producer's on empty ones (all its tiles)
+            "cwait": float(np.median(t[:, 14] / np.maximum(t[:, 6] - t[:, 4], 1))),
+            "pwait": float(np.median(t[:, 15] / np.maximum(t[:, 6] - t[:, 4], 1))),
             "sms": len(set(t[:, 11].astype(int).tolist()))}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("cases", nargs="*", help="M N K CONFIG, repeated")
+    p.add_argument("cases", nargs="*", help="M N K CONFIG, repeated (CONFIG 'pick': the op's own)")
     p.add_argument("--json")
     p.add_argument("--spin", type=int, default=0, metavar="N",
                    help="queue N float32 4096^3 matmuls (no sync) right before each measured "
@@ -156,7 +183,8 @@ def main(argv=None) -> int:
     with variant(tree, {}):
         for m, n, k, text in cases:
             shape = Shape("normal", m, n, k)
-            cfg = parse_config(text, shape, num_sms)
+            cfg = (cugemm8.get_gemm_config("normal", m, n, k) if text == "pick"
+                   else parse_config(text, shape, num_sms))
             ops = make_operands(shape, cp, seed=0)
             out = poisoned_out(shape, ops, cp)
             ts = cp.zeros((cfg.num_sms, SLOTS), dtype=cp.uint64)
@@ -185,6 +213,7 @@ def main(argv=None) -> int:
                       f"{s['first']:6.2f} {s['first_max']:6.2f} {s['per_kb']:7.3f} {s['tail']:5.2f} {s['epi']:5.2f} "
                       f"{s['drain']:5.2f} {s['total']:6.2f} {s['skew']:5.2f} {s['span']:6.2f}"
                       f"  diff {diff:.1e}"
+                      + f"  cwait {s['cwait']:.2f} pwait {s['pwait']:.2f}"
                       + (f"  exchange: rank0 {s['xchg_rank0']:.2f} rank1 {s['xchg_rank1']:.2f}"
                          f"  K loop done: rank0 {s['kloop_rank0']:.2f} rank1 {s['kloop_rank1']:.2f}"
                          if cfg.num_k_splits == 2 else ""), flush=True)

@@ -67,6 +67,16 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const TmaDescriptor* desc
         "r"(c0), "r"(c1) : "memory");
 }
 
+// tma_load_2d with an L2 cache-policy hint (createpolicy's 64-bit policy).
+__device__ __forceinline__ void tma_load_2d_hint(void* dst, const TmaDescriptor* desc, uint64_t* bar,
+                                                 int32_t c0, int32_t c1, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4}], [%2], %5;"
+      ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(desc)), "r"(smem_addr(bar)),
+        "r"(c0), "r"(c1), "l"(policy) : "memory");
+}
+
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
@@ -128,11 +138,7 @@ __global__ void __launch_bounds__(64) tma_feed(const __grid_constant__ TmaDescri
           if (round > 0) mbarrier_wait(&empty[s], (round - 1) & 1);
           mbarrier_arrive_expect_tx(&full[s], R * 128);
           if (kEvictFirst) {
-            asm volatile(
-                "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-                " [%0], [%1, {%3, %4}], [%2], %5;"
-                ::"r"(smem_addr(smem + s * R * 128)), "l"(reinterpret_cast<uint64_t>(&tmap)),
-                  "r"(smem_addr(&full[s])), "r"(kb * 128), "r"(t * R), "l"(policy) : "memory");
+            tma_load_2d_hint(smem + s * R * 128, &tmap, &full[s], kb * 128, t * R, policy);
           } else {
             tma_load_2d(smem + s * R * 128, &tmap, &full[s], kb * 128, t * R);
           }
@@ -176,11 +182,7 @@ __global__ void __launch_bounds__(64) tma_feed_a(const __grid_constant__ TmaDesc
           uint8_t* a_dst = smem + S * R * 128 + s * 256;
           tma_load_2d(a_dst, &tmap_a, &full[s], kb * 128, a_row);
           tma_load_2d(a_dst + 128, &tmap_sfa, &full[s], 0, a_row * kblocks + kb);
-          asm volatile(
-              "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-              " [%0], [%1, {%3, %4}], [%2], %5;"
-              ::"r"(smem_addr(smem + s * R * 128)), "l"(reinterpret_cast<uint64_t>(&tmap)),
-                "r"(smem_addr(&full[s])), "r"(kb * 128), "r"(t * R), "l"(policy) : "memory");
+          tma_load_2d_hint(smem + s * R * 128, &tmap, &full[s], kb * 128, t * R, policy);
         }
     }
   } else {

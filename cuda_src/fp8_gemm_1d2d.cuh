@@ -189,9 +189,9 @@ struct GemmTraits {
   // accumulators: the math loop's kPipelineMma) on one math warpgroup
   // (BLOCK_M = 64, w1) with a third BLOCK_N / 2-register set beside the
   // other two (BLOCK_N <= 96): the decode tiles.  Measured on the H200
-  // (benches/RESULTS.md v0.15): 2-4.5 % faster at BLOCK_N 56-96, even at
-  // 16-32; with two math warpgroups of 64 rows each (BLOCK_M = 128) 3-6 %
-  // slower, so not there.
+  // (benches/RESULTS.md v0.15): 2-4.5 % faster on the 56-96-wide decode
+  // picks, even at 16-32 (one 64-wide non-pick 1.5 % slower); with two math
+  // warpgroups of 64 rows each (BLOCK_M = 128) 3-6 % slower, so not there.
   static constexpr bool kPipelineMma = kNumMathWG == 1 && BLOCK_N <= 96;
   static constexpr uint32_t kKLoopUnroll =
       (BLOCK_M * BLOCK_N >= 128 * 192 && num_former_variants<BLOCK_N>() <= 2) ? 4 : 2;

@@ -22,7 +22,8 @@ medians over CTAs, in microseconds:
 * ``exchange`` (split K): K loop done -> the pair's partial tile sent
   (rank 1) or received and added (rank 0);
 * ``cwait`` / ``pwait``: the math warpgroup's time waiting on full barriers
-  in its first tile's K loop, and the producer's waiting on empty barriers
+  in its first tile's K loop after the first block (the first block's wait
+  is ``first``), and the producer's waiting on empty barriers
   (all its tiles), as fractions of that K loop (first stage landed -> loop
   done): a starved math warpgroup (high cwait) is bound by the feed, a
   producer waiting on a full ring with a low cwait by the math;
@@ -91,7 +92,7 @@ PROBE = [
      "              const unsigned long long probe_w0 = probe_clock();\n"
      "              mbarrier_wait(full_bar + stage, pipe.phase);\n"
      "            if (threadIdx.x == 0 && probe_first_m) {\n"
-     "              probe_cwait += probe_clock() - probe_w0;\n"
+     "              if (j > 0) probe_cwait += probe_clock() - probe_w0;\n"
      "              if (j == 0) probe_ts[4] = probe_clock();\n"
      "              if (j + 2 >= kCount) { probe_ts[5] = probe_clock(); probe_ts[13] = j; }\n"
      "            }\n"
@@ -101,7 +102,7 @@ PROBE = [
      "              const unsigned long long probe_w0 = probe_clock();\n"
      "              mbarrier_wait(full_bar + stage, pipe.phase);\n"
      "              if (threadIdx.x == 0 && probe_first_m) {\n"
-     "                probe_cwait += probe_clock() - probe_w0;\n"
+     "                if (probe_j > 0) probe_cwait += probe_clock() - probe_w0;\n"
      "                if (probe_j == 0) probe_ts[4] = probe_clock();\n"
      "                if (probe_j + 2 >= count) { probe_ts[5] = probe_clock(); probe_ts[13] = probe_j; }\n"
      "                ++probe_j;\n"

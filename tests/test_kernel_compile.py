@@ -123,6 +123,35 @@ def test_sass_uses_fp8_wgmma(report, sass_tools):
         assert not ftz, f"{name}: flush-to-zero arithmetic {sorted(set(ftz))}"
 
 
+# fp8_gemm_1d2d_kernel<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, stages, multicast,
+# multicast on A, D swizzle, GEMM type, groups, K splits, math warpgroups, A input>
+_KERNEL_ARGS = re.compile(r"fp8_gemm_1d2d_kernelI" + r"Lj(\d+)E" * 6 + r"Lb([01])E" + r"Lj(\d+)E" * 6 + "E")
+
+
+def test_one_warpgroup_decode_kernels_overlap_k_blocks(report, sass_tools):
+    """kPipelineMma (one math warpgroup, BLOCK_N <= 96): each pair of K
+    blocks waits for its first WGMMA group while the second is in flight
+    (``WARPGROUP.DEPBAR.LE gsb0, 0x1``); the kernels with two math
+    warpgroups keep the one-block loop.  No kernel's WGMMAs are serialised
+    (ptxas then gives every QGMMA its own ``gsb0`` wait instead of one per
+    K block's four).  The output bits are the same either way; this guards
+    the measured speed (benches/RESULTS.md v0.15)."""
+    funcs = re.split(r"\n\s*Function : ", report.sass)[1:]
+    checked = 0
+    for body in funcs:
+        name = body.splitlines()[0].strip()
+        args = _KERNEL_ARGS.search(name)
+        assert args, name
+        block_n, math_wgs = int(args.group(4)), int(args.group(12))
+        qgmma = [ln for ln in body.splitlines() if "QGMMA" in ln]
+        waits = [ln for ln in qgmma if "gsb0" in ln]
+        assert 2 * len(waits) < len(qgmma), f"{name}: WGMMAs serialised ({len(waits)} of {len(qgmma)} wait)"
+        overlapped = "WARPGROUP.DEPBAR.LE gsb0, 0x1" in body
+        assert overlapped == (math_wgs == 1 and block_n <= 96), f"{name}: K-block overlap {overlapped}"
+        checked += overlapped
+    assert checked >= 10, checked
+
+
 def test_split_k_exchange_uses_cluster_scope(report):
     """The split-K exchange: st.async into the peer, cluster-scope acquire
     waits, and a release.cluster arrival after rank 0's reads of the partial

@@ -112,13 +112,15 @@ extern "C" __global__ void empty_kernel(int* out) {
   if (threadIdx.x == 1023) out[0] = empty_smem[0];
 }
 
-// R-row x 128-byte boxes of R-row tiles along K, S-stage ring; kEvictFirst:
-// each box with an L2 evict-first cache hint (createpolicy, PTX ISA).
-template <int R, int S, bool kEvictFirst>
-__global__ void __launch_bounds__(64) tma_feed(const __grid_constant__ TmaDescriptor tmap,
-                                               int n, int k, int* out) {
-  extern __shared__ __align__(1024) uint8_t smem[];
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S * R * 128);
+// The ring of the TMA probes below: S stages of R-row x 128-byte boxes of
+// B's R-row tiles along K (the GEMM's B feed), barriers after the stages and
+// `extra` bytes.  Thread 0 walks this CTA's tiles' K blocks, expecting `tx`
+// bytes per stage and issuing them with load(stage, box destination, full
+// barrier, tile, K block); warp 1 consumes (consume_ring).
+template <int R, int S, typename Load>
+__device__ __forceinline__ void tma_ring(uint8_t* smem, uint32_t extra, int n, int k, uint32_t tx, int* out,
+                                         Load load) {
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S * R * 128 + extra);
   uint64_t* empty = full + S;
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) { mbarrier_init(&full[s], 1); mbarrier_init(&empty[s], 1); }
@@ -128,25 +130,41 @@ __global__ void __launch_bounds__(64) tma_feed(const __grid_constant__ TmaDescri
   const int tiles = n / R, kblocks = k / 128;
   if (threadIdx.x / 32 == 0) {
     if (threadIdx.x == 0) {
-      tma_prefetch_descriptor(&tmap);
-      uint64_t policy = 0;
-      if (kEvictFirst) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
       int it = 0;
       for (int t = blockIdx.x; t < tiles; t += gridDim.x)
         for (int kb = 0; kb < kblocks; ++kb, ++it) {
           const int s = it % S, round = it / S;
           if (round > 0) mbarrier_wait(&empty[s], (round - 1) & 1);
-          mbarrier_arrive_expect_tx(&full[s], R * 128);
-          if (kEvictFirst) {
-            tma_load_2d_hint(smem + s * R * 128, &tmap, &full[s], kb * 128, t * R, policy);
-          } else {
-            tma_load_2d(smem + s * R * 128, &tmap, &full[s], kb * 128, t * R);
-          }
+          mbarrier_arrive_expect_tx(&full[s], tx);
+          load(s, smem + s * R * 128, &full[s], t, kb);
         }
     }
   } else {
     consume_ring<S>(smem, R * 128, full, empty, items_of_cta(tiles) * kblocks, out);
   }
+}
+
+// L2 evict-first policy (createpolicy, PTX ISA).
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// The GEMM's B feed alone; kEvictFirst: each box with an L2 evict-first hint.
+template <int R, int S, bool kEvictFirst>
+__global__ void __launch_bounds__(64) tma_feed(const __grid_constant__ TmaDescriptor tmap,
+                                               int n, int k, int* out) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  if (threadIdx.x == 0) tma_prefetch_descriptor(&tmap);
+  const uint64_t policy = kEvictFirst ? evict_first_policy() : 0;
+  tma_ring<R, S>(smem, 0, n, k, R * 128, out, [&](int, uint8_t* dst, uint64_t* bar, int t, int kb) {
+    if (kEvictFirst) {
+      tma_load_2d_hint(dst, &tmap, bar, kb * 128, t * R, policy);
+    } else {
+      tma_load_2d(dst, &tmap, bar, kb * 128, t * R);
+    }
+  });
 }
 
 // tma_feed<R, S, true> plus, per stage, the GEMM's two small loads of A at
@@ -159,35 +177,16 @@ __global__ void __launch_bounds__(64) tma_feed_a(const __grid_constant__ TmaDesc
                                                  const __grid_constant__ TmaDescriptor tmap_sfa,
                                                  int n, int k, int* out) {
   extern __shared__ __align__(1024) uint8_t smem[];
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S * R * 128 + S * 256);
-  uint64_t* empty = full + S;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < S; ++s) { mbarrier_init(&full[s], 1); mbarrier_init(&empty[s], 1); }
-    fence_barrier_init();
-  }
-  __syncthreads();
-  const int tiles = n / R, kblocks = k / 128;
-  const int a_row = kPrivateA ? blockIdx.x : 0;
-  if (threadIdx.x / 32 == 0) {
-    if (threadIdx.x == 0) {
-      tma_prefetch_descriptor(&tmap);
-      uint64_t policy = 0;
-      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-      int it = 0;
-      for (int t = blockIdx.x; t < tiles; t += gridDim.x)
-        for (int kb = 0; kb < kblocks; ++kb, ++it) {
-          const int s = it % S, round = it / S;
-          if (round > 0) mbarrier_wait(&empty[s], (round - 1) & 1);
-          mbarrier_arrive_expect_tx(&full[s], R * 128 + 128 + 16);
-          uint8_t* a_dst = smem + S * R * 128 + s * 256;
-          tma_load_2d(a_dst, &tmap_a, &full[s], kb * 128, a_row);
-          tma_load_2d(a_dst + 128, &tmap_sfa, &full[s], 0, a_row * kblocks + kb);
-          tma_load_2d_hint(smem + s * R * 128, &tmap, &full[s], kb * 128, t * R, policy);
-        }
-    }
-  } else {
-    consume_ring<S>(smem, R * 128, full, empty, items_of_cta(tiles) * kblocks, out);
-  }
+  if (threadIdx.x == 0) tma_prefetch_descriptor(&tmap);
+  const uint64_t policy = evict_first_policy();
+  const int a_row = kPrivateA ? blockIdx.x : 0, kblocks = k / 128;
+  tma_ring<R, S>(smem, S * 256, n, k, R * 128 + 128 + 16, out,
+                 [&](int s, uint8_t* dst, uint64_t* bar, int t, int kb) {
+    uint8_t* a_dst = smem + S * R * 128 + s * 256;
+    tma_load_2d(a_dst, &tmap_a, bar, kb * 128, a_row);
+    tma_load_2d(a_dst + 128, &tmap_sfa, bar, 0, a_row * kblocks + kb);
+    tma_load_2d_hint(dst, &tmap, bar, kb * 128, t * R, policy);
+  });
 }
 
 // Linear 1-D bulk copies of C bytes, S-stage ring.

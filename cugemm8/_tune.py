@@ -7,9 +7,10 @@ Candidates (:func:`candidates`): the heuristic's pick, the cost model's
 non-multicast ones whatever their rank, the no-multicast twin of each
 multicast one and a multicast (A) twin of the three best plain ones, up
 to ``split_k`` split-K configurations whose CTA pairs fill between half and
-all of the SMs, and the one-math-warpgroup twin of every BLOCK_M = 64
-candidate (the same family ``benches/sweep_configs.py`` sweeps, which
-imports it from here).  Each config runs on as many CTAs as it has tiles, up
+all of the SMs, the one-math-warpgroup twin of every BLOCK_M = 64
+candidate, and for normal GEMMs with ``m`` <= 32 the swap-AB decode
+kernel's one-wave configs (:func:`swap_ab_candidates`; the same family
+``benches/sweep_configs.py`` sweeps, which imports it from here).  Each config runs on as many CTAs as it has tiles, up
 to the SM budget.
 
 Timing (:func:`time_candidates`): CUDA events around each launch, a 256 MB L2
@@ -64,14 +65,36 @@ def forced_config(kind: str, m: int, n: int, k: int, num_groups: int, bm: int, b
 
 
 _CONFIG_RE = re.compile(r"(\d+)x(\d+) s(\d+)( w1)?(?: (c2A?|c2B|k2))?(?: sms\d+)?")
+_SWAP_AB_RE = re.compile(r"(\d+)x(\d+) s(\d+) swapAB(?: k([124]))?(?: sms\d+)?")
+
+
+def forced_swap_ab_config(m: int, n: int, k: int, bm: int, bn: int, stages: int, num_sms: int,
+                          splits: int = 1):
+    """The swap-AB config of a ``bm`` (tokens) x ``bn`` (weight rows) tile at
+    most ``stages`` deep, split K over ``splits`` CTAs, on as many CTAs as it
+    has tiles times splits (up to ``num_sms``, a multiple of ``splits``), or
+    None if illegal."""
+    stages = min(stages, _config.swap_ab_max_stages(bm, bn, k, num_k_splits=splits) or stages)
+    tiles = -(-max(m, 1) // bm) * -(-n // bn)
+    grid = max(min(num_sms - num_sms % splits, tiles * splits), splits)
+    cfg = _config.make_config("normal", bm, bn, stages, k, num_k_splits=splits, num_sms=grid, swap_ab=True)
+    ok, _ = _config.is_legal(cfg, k=k, available_sms=num_sms)
+    return cfg if ok else None
 
 
 def parse_config(text: str, kind: str, m: int, n: int, k: int, num_groups: int, num_sms: int):
     """A config from ``'BMxBN sS [w1] [c2|c2A|c2B|k2]'`` (``w1``: one math
     warpgroup, BLOCK_M 64 only; ``c2`` / ``c2A``: multicast A, ``c2B``:
-    multicast B, ``k2``: split K; a trailing ``smsN`` is ignored) with the
-    largest legal grid, or None if illegal.  Raises ValueError for text in
-    another form."""
+    multicast B, ``k2``: split K; a trailing ``smsN`` is ignored) or
+    ``'BMxBN sS swapAB [k2|k4]'`` (the swap-AB kernel, ``normal`` only) with
+    the largest legal grid, or None if illegal.  Raises ValueError for text
+    in another form."""
+    ms = _SWAP_AB_RE.fullmatch(text.strip())
+    if ms is not None:
+        if kind != "normal" or num_groups != 1:
+            return None
+        return forced_swap_ab_config(m, n, k, int(ms.group(1)), int(ms.group(2)), int(ms.group(3)),
+                                     num_sms, int(ms.group(4) or 1))
     mt = _CONFIG_RE.fullmatch(text.strip())
     if mt is None:
         raise ValueError(f"config {text!r} is not of the form 'BMxBN sS [w1] [c2|c2A|c2B|k2]'")
@@ -142,7 +165,30 @@ def candidates(kind: str, m: int, n: int, k: int, num_groups: int, num_sms: int,
             picked.append(forced_config(kind, m, n, k, num_groups, 64, c.block_n, _config.MAX_STAGES,
                                         num_sms, mc=c.num_multicast, on_a=c.multicast_on_a,
                                         splits=c.num_k_splits, wgs=1))
+    if kind == "normal":
+        picked += swap_ab_candidates(m, n, k, num_sms)
     return unique_configs(picked)
+
+
+def swap_ab_candidates(m: int, n: int, k: int, num_sms: int) -> list:
+    """Swap-AB configs (the decode kernel with the weights as the WGMMA's 64
+    rows, ``GemmConfig.swap_ab``) for ``m`` up to 32: the token tile that
+    holds ``m``, each weight tile of 64-256 rows, unsplit or split K over a
+    CTA pair, where the CTAs (tiles x splits) number between half the SMs
+    and two waves; one wave before two, then the fullest first.  (Clusters of 4 ran 1.5x slower on the H200:
+    benches/RESULTS.md v0.16.)"""
+    if not 1 <= m <= _config.SWAP_AB_BLOCK_MS[-1]:
+        return []
+    bm = -(-m // 8) * 8
+    found = []
+    for bn in _config.SWAP_AB_BLOCK_NS:
+        for splits in (1, 2):
+            ctas = -(-n // bn) * splits
+            if num_sms // 2 <= ctas <= 2 * num_sms:
+                cfg = forced_swap_ab_config(m, n, k, bm, bn, _config.SWAP_AB_MAX_STAGES, num_sms, splits)
+                if cfg is not None:
+                    found.append((ctas > num_sms, -ctas, bn, splits, cfg))
+    return [cfg for *_, cfg in sorted(found, key=lambda e: e[:4])]
 
 
 # ----------------------------------------------------------------------------

@@ -168,6 +168,9 @@ def _entry_problem(e) -> str | None:
     v = cfg.get("num_math_warpgroups", 2)
     if not isinstance(v, int) or isinstance(v, bool) or v < 1:
         return "config.num_math_warpgroups is not a positive int"
+    # Optional (entries written before v0.16 lack it: the 1D2D kernel).
+    if not isinstance(cfg.get("swap_ab", False), bool):
+        return "config.swap_ab is not a bool"
     return None
 
 
@@ -259,7 +262,8 @@ def config_from_entry(e: dict, k: int, available_sms: int):
         cfg = _config.make_config(e["kind"], c["block_m"], c["block_n"], c["num_stages"], k,
                                   num_multicast=c["num_multicast"], multicast_on_a=c["multicast_on_a"],
                                   num_k_splits=c["num_k_splits"], num_sms=c["num_sms"],
-                                  num_math_warpgroups=c.get("num_math_warpgroups", 2))
+                                  num_math_warpgroups=c.get("num_math_warpgroups", 2),
+                                  swap_ab=c.get("swap_ab", False))
         ok, why = _config.is_legal(cfg, k=k, available_sms=available_sms)
     except (TypeError, ValueError) as exc:
         return None, f"{type(exc).__name__}: {exc}"
@@ -347,6 +351,8 @@ def entry_for(kind: str, m: int, n: int, k: int, num_groups: int, env: dict, cfg
                   "num_multicast": cfg.num_multicast, "multicast_on_a": bool(cfg.multicast_on_a),
                   "num_k_splits": cfg.num_k_splits, "num_sms": cfg.num_sms,
                   "num_math_warpgroups": cfg.num_math_warpgroups}
+        if cfg.swap_ab:
+            config["swap_ab"] = True
     e = {"env": {f: env[f] for f in ENV_FIELDS}, "kind": kind, "n": int(n), "k": int(k),
          "num_groups": int(num_groups), "m_bucket": m_bucket(m), "config": config}
     e.update(extra)

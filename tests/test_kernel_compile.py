@@ -256,3 +256,79 @@ def test_cold_compile_time(report):
     # a fresh-user run sharing those cores with another suite measured 3.0 s,
     # so the limit leaves room for a loaded machine.
     assert report.seconds / len(report.resources) < 5.0
+
+
+# The swap-AB decode kernel (m, n, k, token tile, weight tile, stages, K
+# splits): every token tile and weight tile, clusters of 1, 2 and 4, the
+# tails the GPU tests force, and tune's candidates for the six DeepSeek-V3
+# (N, K) at M = 1 and 32.
+SWAP_AB = [(1, 4096, 7168, 8, 64, 24, 2), (13, 2112, 7168, 16, 64, 16, 4), (24, 7168, 2048, 24, 128, 10, 2),
+           (32, 24576, 1536, 32, 192, 8, 1), (1, 32768, 512, 8, 256, 4, 1), (40, 1000, 1040, 32, 128, 6, 4),
+           (5, 520, 16, 8, 64, 4, 1)]
+
+
+def _swap_ab_names():
+    from cugemm8 import _tune
+    cfgs = []
+    for m, n, k, bm, bn, st, splits in SWAP_AB:
+        cfg = _config.make_config("normal", bm, bn, st, k, num_k_splits=splits, num_sms=132 - 132 % splits,
+                                  swap_ab=True)
+        assert _config.is_legal(cfg, k=k)[0], (cfg, _config.is_legal(cfg, k=k))
+        cfgs.append((cfg, n, k))
+    for m in (1, 32):
+        for n, k in DEEPSEEK_NK:
+            cfgs += [(c, n, k) for c in _tune.swap_ab_candidates(m, n, k, 132)]
+    return sorted({_gemm._kernel_name(c, n, k, 0, 1) for c, n, k in cfgs})
+
+
+@pytest.fixture(scope="module")
+def swap_ab_report():
+    want_sass = _jit.find_tool("ptxas") is not None and _jit.find_tool("cuobjdump") is not None
+    return _jit.compile_only("fp8_gemm_swap_ab.cuh", _swap_ab_names(), sass=want_sass)
+
+
+def test_swap_ab_instantiations_compile_clean(swap_ab_report):
+    """No spills, no stack frame, no serialised WGMMAs, no warning."""
+    rep = swap_ab_report
+    assert len(rep.resources) == len(_swap_ab_names())
+    for r in rep.resources.values():
+        assert r.stack_frame == 0 and r.spill_stores == 0 and r.spill_loads == 0, r
+    assert not [w for w in rep.warnings if "serializ" in w.lower()], rep.warnings
+    assert "warning" not in (rep.log or "").lower(), rep.log
+
+
+def test_swap_ab_sass(swap_ab_report, sass_tools):
+    """FP8 WGMMAs of N = the token tile (QGMMA.64xBLOCK_Mx32), one group wait
+    per K block's waves (not per instruction), no local memory, no
+    flush-to-zero arithmetic."""
+    rep = swap_ab_report
+    funcs = re.split(r"\n\s*Function : ", rep.sass)[1:]
+    assert len(funcs) == len(rep.resources)
+    for body in funcs:
+        name = body.splitlines()[0].strip()
+        m = re.search(r"fp8_gemm_swap_ab_kernelILj\d+ELj\d+ELj(\d+)E", name)
+        assert m, name
+        qgmma = [ln for ln in body.splitlines() if "QGMMA" in ln]
+        assert qgmma and all(f"QGMMA.64x{m.group(1)}x32.F32.E4M3.E4M3" in ln for ln in qgmma), name
+        waits = [ln for ln in qgmma if "gsb0" in ln]
+        assert 2 * len(waits) < len(qgmma) or len(qgmma) == 4, f"{name}: WGMMAs serialised"
+        assert "LDL" not in body and "STL" not in body, f"{name}: local-memory traffic"
+        assert not re.findall(r"\bF(?:ADD|MUL|FMA)\S*\.FTZ\b", body), f"{name}: flush-to-zero arithmetic"
+
+
+def test_swap_ab_smem_layout_matches_the_python_formula():
+    """_config.swap_ab_smem_size against SwapABSmem::kTotal (and the
+    1024-byte alignment of the TMA stages, 16 of the exchange slots, 8 of
+    the barriers) over every token tile, weight tile and split."""
+    checks = []
+    for k in (128, 1168, 16384):
+        for bm in _config.SWAP_AB_BLOCK_MS:
+            for bn in _config.SWAP_AB_BLOCK_NS:
+                for splits in _config.SWAP_AB_SPLITS:
+                    for stages in (3, 7, 16):
+                        t = f"cugemm8::SwapABSmem<{k}u, {bm}u, {bn}u, {stages}u, {splits}u>"
+                        want = _config.swap_ab_smem_size(bm, bn, stages, k, splits)
+                        checks.append(f"static_assert({t}::kTotal == {want}u && {t}::kOffA % 1024 == 0 "
+                                      f"&& {t}::kB % 1024 == 0 && {t}::kA % 1024 == 0 && {t}::kOffRed % 16 == 0 "
+                                      f"&& {t}::kOffBar % 8 == 0, \"{k} {bm} {bn} {stages} {splits}\");")
+    _compile_static_asserts(checks, header="fp8_gemm_swap_ab.cuh")

@@ -382,7 +382,7 @@ def test_candidates_include_one_warpgroup_twins():
     """tune times the one-math-warpgroup twin of every BLOCK_M = 64
     candidate; parse_config reads the "w1" tag back."""
     cands = _tune.candidates("normal", 8, 32768, 512, 1, 132)
-    w1 = [c for c in cands if c.num_math_warpgroups == 1]
+    w1 = [c for c in cands if c.num_math_warpgroups == 1 and not c.swap_ab]
     assert w1 and all(c.block_m == 64 for c in w1)
     for c in cands:
         assert _config.is_legal(c, k=512, available_sms=132)[0], c
@@ -402,6 +402,30 @@ def test_entry_keeps_the_warpgroup_count_and_old_entries_default_to_two():
     assert why == "" and old.num_math_warpgroups == 2 and old.block_n == 128
     e["config"]["num_math_warpgroups"] = True
     assert "num_math_warpgroups" in _tuned._entry_problem(e)
+
+
+def test_swap_ab_candidates_entries_and_config_text():
+    """tune times the swap-AB decode kernel's one- and two-wave configs at
+    M <= 32 (never at 33 or for the grouped kinds); an entry and the config
+    text both read a swap-AB config back; entries written before v0.16
+    (no swap_ab field) are the 1D2D kernel's."""
+    cands = _tune.candidates("normal", 8, 4096, 7168, 1, 132)
+    swap = [c for c in cands if c.swap_ab]
+    assert swap and all(c.block_m == 8 and c.num_k_splits in (1, 2) for c in swap)
+    assert not [c for c in _tune.candidates("normal", 33, 4096, 7168, 1, 132) if c.swap_ab]
+    assert not [c for c in _tune.candidates("masked", 8, 4096, 7168, 2, 132) if c.swap_ab]
+    for c in swap:
+        assert _config.is_legal(c, k=7168, available_sms=132)[0], c
+        assert _tune.parse_config(str(c), "normal", 8, 4096, 7168, 1, 132) == c
+    env = {f: "x" for f in _tuned.ENV_FIELDS}
+    e = _tuned.entry_for("normal", 8, 4096, 7168, 1, env, swap[0])
+    assert e["config"]["swap_ab"] is True
+    assert _tuned.config_from_entry(e, 7168, 132) == (swap[0], "")
+    e["config"]["swap_ab"] = 1
+    assert "swap_ab" in _tuned._entry_problem(e)
+    plain = _tuned.entry_for("normal", 8, 4096, 7168, 1, env, _cfg(k=7168))
+    assert "swap_ab" not in plain["config"] and not _tuned.config_from_entry(plain, 7168, 132)[0].swap_ab
+    assert _tune.parse_config("8x64 s16 swapAB k2", "contiguous", 8, 4096, 7168, 1, 132) is None
 
 
 def _measured(us, status="ok"):

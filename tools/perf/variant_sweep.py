@@ -133,7 +133,8 @@ def variant(tree: Path, spec: dict):
 
 def _build(item) -> str | None:
     try:
-        _jit.get_kernel(KERNEL, item[0], max_dynamic_smem=item[1])
+        header = G._SWAP_AB_HEADER if "fp8_gemm_swap_ab_kernel" in item[0] else KERNEL
+        _jit.get_kernel(header, item[0], max_dynamic_smem=item[1])
         return None
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"[:400]

@@ -176,7 +176,7 @@ __all__ = [
     "smem_size", "max_stages", "candidate_block_ms", "candidate_block_ns",
     "swizzle_d_bytes", "is_legal", "make_config", "tile_counts", "max_k",
     "format_table", "BENCHMARK_CASES", "split_k_skew", "check_n_k", "math_warpgroup_options",
-    "quant_a_config", "QUANT_A_MAX_ROWS",
+    "quant_a_config", "QUANT_A_MAX_ROWS", "swap_ab_smem_size", "swap_ab_max_stages",
 ]
 
 KINDS = ("normal", "contiguous", "masked")
@@ -237,6 +237,15 @@ ONE_WG_CHAIN = 0.95
 C_WG_REDUCE = 2000.0
 OVERLAP_P = 4                       # soft max of compute and feed (imperfect overlap)
 MULTICAST_MIN_ROWS = 512
+# One-warpgroup normal tiles with at most this many K blocks per CTA get
+# that many stages (_short_k_stages).
+SHORT_K_BLOCKS = 4
+# The swap-AB decode kernel (GemmConfig.swap_ab, cuda_src/fp8_gemm_swap_ab.cuh):
+# token tiles (the WGMMA's N), weight tiles (64-row waves), cluster split K.
+SWAP_AB_BLOCK_MS = (8, 16, 24, 32)
+SWAP_AB_BLOCK_NS = (64, 128, 192, 256)
+SWAP_AB_SPLITS = (1, 2, 4)
+SWAP_AB_MAX_STAGES = 24
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -294,8 +303,8 @@ def quant_a_config(config: GemmConfig, k: int, itemsize: int, smem_limit: int = 
     grid, split K and warpgroup structure, hence the same accumulation order
     and output bits; the stages are the most that fit its smaller stages
     (:func:`smem_size` with ``quant_a``), at most 16."""
-    if (config.kind != "normal" or config.block_m != 64 or config.num_math_warpgroups != 1
-            or config.num_multicast != 1):
+    if (config.kind != "normal" or config.swap_ab or config.block_m != 64
+            or config.num_math_warpgroups != 1 or config.num_multicast != 1):
         return None
     stages = MAX_STAGES
     while stages >= _min_stages(64, config.block_n):
@@ -304,6 +313,30 @@ def quant_a_config(config: GemmConfig, k: int, itemsize: int, smem_limit: int = 
             return dataclasses.replace(config, num_stages=stages, smem_bytes=size)
         stages -= 1
     return None
+
+
+def swap_ab_smem_size(block_m: int, block_n: int, num_stages: int, k: int, num_k_splits: int = 1) -> int:
+    """Dynamic shared memory of the swap-AB kernel (``SwapABSmem::kTotal`` in
+    cuda_src/fp8_gemm_swap_ab.cuh): per stage the weights' ``block_n`` x 128
+    and the tokens' ``block_m`` x 128 bytes and the tokens' scales (128-byte
+    aligned); each math warp's copy of the tile's B scales for all of K;
+    rank 0's slots for the other ranks' FP32 partial tiles; the barriers."""
+    kb = _ceil_div(k, BLOCK_K)
+    sfb_rows = block_n // 128 + (1 if block_n % 128 else 0)
+    per_stage = block_n * BLOCK_K + block_m * BLOCK_K + _align(block_m * 4, 128)
+    red = (num_k_splits - 1) * (block_n // 64) * (block_m // 2) * 128 * 4
+    return (num_stages * per_stage + _align(4 * sfb_rows * kb * 4, 16) + red
+            + (2 * num_stages + 2) * 8)
+
+
+def swap_ab_max_stages(block_m: int, block_n: int, k: int, smem_limit: int = SMEM_LIMIT,
+                       num_k_splits: int = 1) -> int:
+    """Largest stage count (at most :data:`SWAP_AB_MAX_STAGES`) of the swap-AB
+    kernel that fits ``smem_limit``, or 0 when fewer than the minimum do."""
+    fixed = swap_ab_smem_size(block_m, block_n, 0, k, num_k_splits)
+    per_stage = swap_ab_smem_size(block_m, block_n, 1, k, num_k_splits) - fixed
+    stages = min(SWAP_AB_MAX_STAGES, max(0, smem_limit - fixed) // per_stage)
+    return stages if stages >= MIN_STAGES else 0
 
 
 def max_k(smem_limit: int = SMEM_LIMIT) -> int:
@@ -454,7 +487,15 @@ class GemmConfig:
         swizzle_d: swizzle of the BF16 output staging buffer in bytes (128,
             64, 32, or 0 for none).
         smem_bytes: dynamic shared memory per CTA for this ``k``
-            (:func:`cugemm8._config.smem_size`).
+            (:func:`cugemm8._config.smem_size`, or
+            :func:`cugemm8._config.swap_ab_smem_size` with ``swap_ab``).
+        swap_ab: the swap-AB decode kernel (cuda_src/fp8_gemm_swap_ab.cuh,
+            ``'normal'`` only): the weights are the WGMMA's 64-row operand
+            and the tokens its N, so ``block_m`` is the token tile (8, 16,
+            24 or 32), ``block_n`` the weight rows per tile (64, 128, 192 or
+            256), one math warpgroup, no multicast, ``num_k_splits`` 1, 2 or
+            4 (a cluster of that many CTAs splits K), ``swizzle_d`` 0
+            (``str``: ``8x64 s16 swapAB k2 sms128``).
     """
     kind: str                 # 'normal' | 'contiguous' | 'masked'
     block_m: int
@@ -468,8 +509,12 @@ class GemmConfig:
     num_sms: int              # grid size (persistent CTAs) to launch
     swizzle_d: int            # D staging swizzle in bytes: 128, 64, 32 or 0
     smem_bytes: int           # smem_size(block_m, block_n, num_stages, k, num_k_splits)
+    swap_ab: bool = False     # the swap-AB decode kernel (block_m: tokens, block_n: weight rows)
 
     def __str__(self) -> str:
+        if self.swap_ab:
+            ks = f" k{self.num_k_splits}" if self.num_k_splits > 1 else ""
+            return f"{self.block_m}x{self.block_n} s{self.num_stages} swapAB{ks} sms{self.num_sms}"
         mc = ""
         if self.num_multicast == 2:
             mc = " c2A" if self.multicast_on_a else " c2B"
@@ -482,11 +527,18 @@ class GemmConfig:
 def make_config(kind: str, block_m: int, block_n: int, num_stages: int, k: int, *,
                 num_multicast: int = 1, multicast_on_a: bool = False,
                 num_k_splits: int = 1, num_sms: int = 1,
-                num_math_warpgroups: int | None = None) -> GemmConfig:
+                num_math_warpgroups: int | None = None, swap_ab: bool = False) -> GemmConfig:
     """Build a :class:`GemmConfig` with its derived fields (swizzle, shared
     memory for ``k``; the warpgroup count when ``num_math_warpgroups`` is
-    None: the default, 2) filled in.  Does not check legality: call
-    :func:`is_legal` on the result."""
+    None: the default, 2, or 1 with ``swap_ab``) filled in.  Does not check
+    legality: call :func:`is_legal` on the result."""
+    if swap_ab:
+        return GemmConfig(kind=kind, block_m=block_m, block_n=block_n, block_k=BLOCK_K,
+                          num_stages=num_stages, num_math_warpgroups=1, num_multicast=1,
+                          multicast_on_a=False, num_k_splits=num_k_splits, num_sms=num_sms,
+                          swizzle_d=0,
+                          smem_bytes=swap_ab_smem_size(block_m, block_n, num_stages, k, num_k_splits),
+                          swap_ab=True)
     wgs = _default_math_warpgroups(block_m) if num_math_warpgroups is None else num_math_warpgroups
     return GemmConfig(kind=kind, block_m=block_m, block_n=block_n, block_k=BLOCK_K,
                       num_stages=num_stages,
@@ -528,6 +580,10 @@ def is_legal(config: GemmConfig | None = None, *, k: int | None = None,
         return False, f"kind must be one of {KINDS}, got {c.kind!r}"
     if c.block_k != BLOCK_K:
         return False, f"block_k must be {BLOCK_K}, got {c.block_k}"
+    if not isinstance(c.swap_ab, bool):
+        return False, f"swap_ab must be a bool, got {c.swap_ab!r}"
+    if c.swap_ab:
+        return _swap_ab_legal(c, k, available_sms, smem_limit)
     if bm not in BLOCK_M_CANDIDATES:
         return False, f"block_m must be one of {BLOCK_M_CANDIDATES}, got {bm}"
     if c.num_math_warpgroups not in math_warpgroup_options(bm):
@@ -580,6 +636,36 @@ def is_legal(config: GemmConfig | None = None, *, k: int | None = None,
         return False, f"grid {c.num_sms} must be even with multicast"
     if c.num_k_splits == 2 and c.num_sms % 2:
         return False, f"grid {c.num_sms} must be even with split K (clusters of 2)"
+    if available_sms is not None and c.num_sms > available_sms:
+        return False, f"grid {c.num_sms} exceeds the {available_sms} SMs available"
+    return True, "ok"
+
+
+def _swap_ab_legal(c: GemmConfig, k: int | None, available_sms: int | None,
+                   smem_limit: int) -> tuple[bool, str]:
+    """:func:`is_legal`'s rules for a swap-AB config (fp8_gemm_swap_ab.cuh's static_asserts)."""
+    if c.kind != "normal":
+        return False, f"swap_ab is for kind 'normal' only, not {c.kind!r}"
+    if c.block_m not in SWAP_AB_BLOCK_MS:
+        return False, f"swap_ab block_m (the token tile) must be one of {SWAP_AB_BLOCK_MS}, got {c.block_m}"
+    if c.block_n not in SWAP_AB_BLOCK_NS:
+        return False, f"swap_ab block_n (64-row weight waves) must be one of {SWAP_AB_BLOCK_NS}, got {c.block_n}"
+    if c.num_k_splits not in SWAP_AB_SPLITS:
+        return False, f"swap_ab num_k_splits must be one of {SWAP_AB_SPLITS}, got {c.num_k_splits}"
+    if (c.num_math_warpgroups, c.num_multicast, c.multicast_on_a, c.swizzle_d) != (1, 1, False, 0):
+        return False, "swap_ab runs one math warpgroup, no multicast and no D swizzle"
+    if not MIN_STAGES <= c.num_stages <= SWAP_AB_MAX_STAGES:
+        return False, f"swap_ab num_stages must be in [{MIN_STAGES}, {SWAP_AB_MAX_STAGES}], got {c.num_stages}"
+    if k is not None:
+        if _ceil_div(k, BLOCK_K) < c.num_k_splits:
+            return False, f"k = {k} has fewer 128-wide K blocks than num_k_splits {c.num_k_splits}"
+        size = swap_ab_smem_size(c.block_m, c.block_n, c.num_stages, k, c.num_k_splits)
+        if c.smem_bytes != size:
+            return False, f"smem_bytes {c.smem_bytes} != swap_ab_smem_size(...) = {size} for k={k}"
+    if c.smem_bytes > smem_limit:
+        return False, f"smem_bytes {c.smem_bytes} > limit {smem_limit}"
+    if c.num_sms < c.num_k_splits or c.num_sms % c.num_k_splits:
+        return False, f"grid {c.num_sms} must be a positive multiple of the cluster size {c.num_k_splits}"
     if available_sms is not None and c.num_sms > available_sms:
         return False, f"grid {c.num_sms} exceeds the {available_sms} SMs available"
     return True, "ok"
@@ -775,6 +861,7 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit):
             if ONE_WARPGROUP_ENABLED and bm == 64:
                 for mc, on_a, splits, _ in list(options):
                     st1 = max_stages(bm, bn, k, smem_limit, num_k_splits=splits, num_math_warpgroups=1)
+                    st1 = _short_k_stages(kind, bm, bn, k, splits, st1)
                     if st1:
                         options.append((mc, on_a, splits, st1, 1))
             options = [o if len(o) == 5 else (*o, 2) for o in options]
@@ -796,6 +883,20 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit):
                          f"{smem_size(64, 8, _min_stages(64, 8), k)} bytes)")
     ranked.sort(key=lambda e: e[0])
     return tuple((key[0], cfg) for key, cfg in ranked)
+
+
+def _short_k_stages(kind: str, bm: int, bn: int, k: int, splits: int, stages: int) -> int:
+    """Stages of a one-warpgroup normal-GEMM candidate whose tile has at most
+    :data:`SHORT_K_BLOCKS` K blocks per CTA: those blocks, not more (the
+    minimum at least).  Deeper rings only load the next tile's blocks early,
+    and every CTA then has two tiles of B in flight at the start: measured on
+    the H200 (benches/RESULTS.md v0.16, ``plan_32768x512.json``) 64x128 w1 at
+    32768x512 runs 0.2-0.5 us faster with 4 stages than with 8 (M = 1 and
+    64, with and without B's evict-first hint), 5 in between."""
+    kb = _ceil_div(k, BLOCK_K) // splits
+    if kind != "normal" or not stages or kb > SHORT_K_BLOCKS:
+        return stages
+    return min(stages, max(kb, _min_stages(bm, bn)))
 
 
 def ranked_configs(kind: str, m: int, n: int, k: int, *, num_groups: int = 1,

@@ -75,6 +75,7 @@ if TYPE_CHECKING:
     from ._config import GemmConfig
 
 _HEADER = "fp8_gemm_1d2d.cuh"
+_SWAP_AB_HEADER = "fp8_gemm_swap_ab.cuh"
 _GEMM_TYPE = {"normal": 0, "contiguous": 1, "masked": 2}
 _NULL = np.uint64(0)
 _INT32_MAX = 2 ** 31 - 1
@@ -271,6 +272,9 @@ _X_TMA_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
 def _kernel_name(cfg: "_config.GemmConfig", n: int, k: int, gemm_type: int, num_groups: int,
                  x_dtype: str | None = None) -> str:
+    if cfg.swap_ab:
+        return (f"cugemm8::fp8_gemm_swap_ab_kernel<{n}, {k}, {cfg.block_m}, {cfg.block_n}, "
+                f"{cfg.num_stages}, {cfg.num_k_splits}>")
     a_in = f", {A_IN_CODES[x_dtype]}" if x_dtype is not None else ""
     return (f"cugemm8::fp8_gemm_1d2d_kernel<{n}, {k}, {cfg.block_m}, {cfg.block_n}, {cfg.num_stages}, "
             f"{cfg.num_multicast}, {'true' if cfg.multicast_on_a else 'false'}, {cfg.swizzle_d}, "
@@ -352,7 +356,7 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
     if b_evict_first(rows, cfg.block_m, k):
         flags |= FLAG_B_EVICT_FIRST
     name = _kernel_name(cfg, n, k, _GEMM_TYPE[kind], num_groups, x_dtype)
-    kern = _jit.get_kernel(_HEADER, name, max_dynamic_smem=cfg.smem_bytes)
+    kern = _jit.get_kernel(_SWAP_AB_HEADER if cfg.swap_ab else _HEADER, name, max_dynamic_smem=cfg.smem_bytes)
 
     box_m = a_box_rows(rows, cfg.block_m)
     if x_dtype is None:
@@ -386,11 +390,16 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
     else:
         d_row = _map_stride(out, -2, n * 2)
     d_grp = _map_stride(out, 0, d_row * rows) if out.ndim == 3 else _map_stride(None, 0, d_row * rows)
-    d_cols = cfg.swizzle_d // 2 if cfg.swizzle_d else cfg.block_n
-    tmap_d = _tma.make_descriptor("bf16", out.data.ptr, (n, rows, groups_a),
-                                  (d_row, d_grp), (d_cols, 64, 1),
-                                  swizzle=cfg.swizzle_d, l2_256=False)
-    threads = 128 * (cfg.num_math_warpgroups + 1)
+    if cfg.swap_ab:
+        # The swap-AB kernel stores D element by element (no tensor map).
+        tmap_d = _tma.NULL_DESCRIPTOR
+        threads = 160
+    else:
+        d_cols = cfg.swizzle_d // 2 if cfg.swizzle_d else cfg.block_n
+        tmap_d = _tma.make_descriptor("bf16", out.data.ptr, (n, rows, groups_a),
+                                      (d_row, d_grp), (d_cols, 64, 1),
+                                      swizzle=cfg.swizzle_d, l2_256=False)
+        threads = 128 * (cfg.num_math_warpgroups + 1)
     # Raw device addresses, not the arrays: a cached launcher (see _fast_key)
     # must not keep the caller's memory alive.
     args = (np.uint32(shape_m), np.uint32(box_m), np.uint32(flags), np.uint64(sfb.data.ptr),
@@ -406,7 +415,7 @@ FLAG_B_EVICT_FIRST = 2
 FLAG_A_POW2_SCALE = 4
 #: the evict-first rule's limits (see b_evict_first); probe switches
 B_EVICT_FIRST_MAX_M_BLOCKS = 4
-B_EVICT_FIRST_MIN_K = 1536
+B_EVICT_FIRST_MIN_K = 0
 
 
 def b_evict_first(rows: int, block_m: int, k: int) -> bool:
@@ -421,8 +430,10 @@ def b_evict_first(rows: int, block_m: int, k: int) -> bool:
     in the benches, the L2 flush's dirty lines).  Measured on the H200
     (``tools/perf/hint_ab.py``, benches/RESULTS.md v0.10): the DeepSeek-V3
     decode shapes 1-11 % faster with the hint at K >= 1536 and up to 4
-    m-blocks, but 1-9 % slower at K = 512 (four K blocks per tile), hence
-    :data:`B_EVICT_FIRST_MIN_K`.
+    m-blocks.  v0.10 measured K = 512 (four K blocks per tile) 1-9 % slower
+    with it, hence a :data:`B_EVICT_FIRST_MIN_K` of 1536 until v0.16, whose
+    kernel runs 32768x512 2-5 % faster with the hint at M = 1, 64 and 128
+    (benches/RESULTS.md v0.16), so the limit is now 0.
     """
     return k >= B_EVICT_FIRST_MIN_K and -(-rows // block_m) <= B_EVICT_FIRST_MAX_M_BLOCKS
 

@@ -49,9 +49,14 @@ def check_choice(cfg: GemmConfig, kind, g, m, n, k, num_sms=132, smem_limit=SMEM
     assert 3 <= cfg.num_stages <= 16
     if bm * bn < 128 * 192:
         assert cfg.num_stages >= 4
-    # the deepest pipeline that fits
+    # the deepest pipeline that fits, except a one-warpgroup normal tile with
+    # at most four K blocks per CTA: that many (test_short_k_stage_cap)
     step = 2 if bm == 64 and wgs == 2 else 1   # split K: the next legal count is two more
-    assert cfg.num_stages == 16 or smem_size(bm, bn, cfg.num_stages + step, k, splits, wgs) > smem_limit
+    kb = -(-k // 128) // splits
+    if kind == "normal" and wgs == 1 and kb <= 4:
+        assert cfg.num_stages == max(kb, 3 if bm * bn >= 128 * 192 else 4)
+    else:
+        assert cfg.num_stages == 16 or smem_size(bm, bn, cfg.num_stages + step, k, splits, wgs) > smem_limit
     assert cfg.num_multicast in (1, 2)
     if cfg.num_multicast == 1:
         assert cfg.multicast_on_a is False
@@ -612,9 +617,59 @@ def test_split_k_skew_rule(bm, k, skew):
 @pytest.mark.parametrize("rows, block_m, k, want", [
     (1, 64, 7168, True), (64, 64, 7168, True), (128, 64, 7168, True), (256, 64, 7168, True),
     (257, 64, 7168, False), (512, 128, 2048, True), (4096, 128, 7168, False),
-    (1, 64, 1536, True), (1, 64, 1535, False), (64, 64, 512, False), (0, 64, 7168, True)])
+    (1, 64, 1536, True), (1, 64, 512, True), (64, 64, 512, True), (0, 64, 7168, True),
+    (320, 64, 512, False)])
 def test_b_evict_first_rule(rows, block_m, k, want):
-    """B's L2 evict-first hint: decode-sized M (at most 4 m-blocks) and K >= 1536
-    (benches/RESULTS.md v0.10: slower at K = 512)."""
+    """B's L2 evict-first hint: decode-sized M (at most 4 m-blocks), any K
+    (benches/RESULTS.md v0.16: 2-5 % faster at K = 512 on the v0.16 kernel;
+    v0.10's kernel was slower there)."""
     from cugemm8 import gemm as G
     assert G.b_evict_first(rows, block_m, k) is want
+
+
+def test_swap_ab_config_rules():
+    """The swap-AB decode kernel's configs (GemmConfig.swap_ab): token tiles
+    8-32, weight tiles of 64-row waves, clusters of 1, 2 or 4, normal GEMMs
+    only, the layout's shared memory; the heuristic never picks one (only
+    ``cugemm8 tune`` and forced configs do: benches/RESULTS.md v0.16), and
+    gemm_fp8 has no one-kernel form of it."""
+    k = 7168
+    ok = cfgmod.make_config("normal", 8, 64, 24, k, num_k_splits=2, num_sms=128, swap_ab=True)
+    assert cfgmod.is_legal(ok, k=k, available_sms=132) == (True, "ok")
+    assert str(ok) == "8x64 s24 swapAB k2 sms128"
+    assert ok.smem_bytes == cfgmod.swap_ab_smem_size(8, 64, 24, k, 2)
+    bad = {
+        "kind": dataclasses.replace(ok, kind="masked"),
+        "token tile": dataclasses.replace(ok, block_m=40),
+        "64-row waves": dataclasses.replace(ok, block_n=96),
+        "num_k_splits": dataclasses.replace(ok, num_k_splits=3),
+        "smem_bytes": dataclasses.replace(ok, smem_bytes=ok.smem_bytes + 16),
+        "cluster size": dataclasses.replace(ok, num_sms=127),
+        "one math warpgroup": dataclasses.replace(ok, num_math_warpgroups=2),
+        "swap_ab must be a bool": dataclasses.replace(ok, swap_ab=1),
+    }
+    for frag, cfg in bad.items():
+        legal, why = cfgmod.is_legal(cfg, k=k)
+        assert not legal, frag
+    assert not cfgmod.is_legal(dataclasses.replace(ok, num_k_splits=4), k=256)[0]   # 2 K blocks < 4 ranks
+    assert cfgmod.swap_ab_max_stages(8, 64, 512) == cfgmod.SWAP_AB_MAX_STAGES
+    for bm, bn in ((8, 64), (32, 256)):                   # the deepest ring that fits
+        st = cfgmod.swap_ab_max_stages(bm, bn, k)
+        assert cfgmod.swap_ab_smem_size(bm, bn, st, k) <= cfgmod.SMEM_LIMIT
+        assert cfgmod.swap_ab_smem_size(bm, bn, st + 1, k) > cfgmod.SMEM_LIMIT
+    assert cfgmod.quant_a_config(ok, k, 2) is None
+    for m in (1, 8, 32):
+        for n, kk in DEEPSEEK_NK:
+            assert not cfgmod.select_config("normal", m, n, kk).swap_ab
+
+
+def test_short_k_stage_cap():
+    """One-warpgroup normal tiles with at most four K blocks per CTA get that
+    many stages (the minimum at least): 32768x512's decode pick runs 64x128
+    with 4 (benches/RESULTS.md v0.16: 0.2-0.5 us faster than 8)."""
+    for m in (1, 8, 64):
+        cfg = cfgmod.select_config("normal", m, 32768, 512)
+        assert (cfg.block_m, cfg.num_math_warpgroups, cfg.num_stages) == (64, 1, 4), cfg
+    assert cfgmod._short_k_stages("normal", 64, 128, 640, 1, 8) == 8        # five K blocks: uncapped
+    assert cfgmod._short_k_stages("normal", 64, 16, 256, 1, 16) == 4        # the minimum for 64x16
+    assert cfgmod._short_k_stages("masked", 64, 128, 512, 1, 8) == 8

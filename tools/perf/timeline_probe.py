@@ -164,6 +164,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("cases", nargs="*", help="M N K CONFIG, repeated (CONFIG 'pick': the op's own)")
     p.add_argument("--json")
+    p.add_argument("--variant", metavar="PLAN.json:NAME",
+                   help="apply that variant_sweep plan variant's text replacements to the kernel "
+                        "first (a probe that removes work: its output is not checked here)")
     p.add_argument("--spin", type=int, default=0, metavar="N",
                    help="queue N float32 4096^3 matmuls (no sync) right before each measured "
                         "launch, so the SM clock is at its busy value")
@@ -174,7 +177,11 @@ def main(argv=None) -> int:
         c = args.cases
         cases = [(int(c[i]), int(c[i + 1]), int(c[i + 2]), c[i + 3]) for i in range(0, len(c), 4)]
     tmp = Path(tempfile.mkdtemp(prefix="cugemm8_timeline_"))
-    tree = make_tree(_jit.cuda_src_dir(), {"replace": [list(r) for r in PROBE]}, tmp / "probe")
+    extra = []
+    if args.variant:
+        plan_path, name = args.variant.rsplit(":", 1)
+        extra = [list(r) for r in json.loads(Path(plan_path).read_text())["variants"][name].get("replace", [])]
+    tree = make_tree(_jit.cuda_src_dir(), {"replace": extra + [list(r) for r in PROBE]}, tmp / "probe")
     num_sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     flush = common.L2Flush()
     rows = []

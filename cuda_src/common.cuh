@@ -46,4 +46,34 @@ struct alignas(64) TmaDescriptor {
 // turn into silent wrong answers or out-of-bounds accesses.
 __device__ __forceinline__ void device_trap() { asm volatile("trap;"); }
 
+// One warp copies src[0, valid) into dst[0, kCount) (shared memory; zeros
+// past `valid`), each batch's global loads issued before any of its stores:
+// a strided load -> store loop compiles to one dependent round trip per 32
+// elements, which at K = 7168 put about 4 of them on the critical path of a
+// tile's first WGMMA (benches/RESULTS.md v0.8).  The GEMM kernels' per-warp
+// copies of a tile's B scales.  The index is clamped, not tested, so the
+// trip counts stay compile-time constants.
+template <uint32_t kCount>
+__device__ __forceinline__ void warp_copy_f32(float* dst, const float* __restrict__ src, uint32_t valid,
+                                              uint32_t lane) {
+  constexpr uint32_t kIters = ceil_div(kCount, 32u);
+  constexpr uint32_t kBatch = constexpr_min(kIters, 8u);
+  __syncwarp();
+  #pragma unroll 1
+  for (uint32_t it0 = 0; it0 < kIters; it0 += kBatch) {
+    float v[kBatch];
+    #pragma unroll
+    for (uint32_t j = 0; j < kBatch; ++j) {
+      const uint32_t i = constexpr_min((it0 + j) * 32u + lane, valid - 1u);
+      v[j] = __ldg(src + i);
+    }
+    #pragma unroll
+    for (uint32_t j = 0; j < kBatch; ++j) {
+      const uint32_t i = (it0 + j) * 32u + lane;
+      if (i < kCount) dst[i] = i < valid ? v[j] : 0.f;
+    }
+  }
+  __syncwarp();
+}
+
 }  // namespace cugemm8

@@ -705,26 +705,9 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
         const uint32_t sfb_row0 = n0 / 128;
         const float* sfb_tile = sfb + (static_cast<uint64_t>(b_group) * T::kNumSFBRows + sfb_row0) * kNumKBlocks;
         constexpr uint32_t kCount = T::kSFBTileRows * kNumKBlocks;
-        constexpr uint32_t kIters = ceil_div(kCount, 32u);
-        constexpr uint32_t kBatch = constexpr_min(kIters, 8u);
         // The second candidate row exists unless this is the last 128-row block.
         const uint32_t valid = sfb_row0 + 1 < T::kNumSFBRows ? kCount : kNumKBlocks;
-        __syncwarp();
-        #pragma unroll 1
-        for (uint32_t it0 = 0; it0 < kIters; it0 += kBatch) {
-          float v[kBatch];
-          #pragma unroll
-          for (uint32_t j = 0; j < kBatch; ++j) {
-            const uint32_t i = constexpr_min((it0 + j) * 32u + lane, valid - 1u);
-            v[j] = __ldg(sfb_tile + i);
-          }
-          #pragma unroll
-          for (uint32_t j = 0; j < kBatch; ++j) {
-            const uint32_t i = (it0 + j) * 32u + lane;
-            if (i < kCount) warp_sfb[i] = i < valid ? v[j] : 0.f;
-          }
-        }
-        __syncwarp();
+        warp_copy_f32<kCount>(warp_sfb, sfb_tile, valid, lane);
         // 8-column chunks before the next 128-row boundary of B use the first
         // scale row; the rest (if the tile straddles) the second.
         const uint32_t num_former_rt = 128 % BLOCK_N == 0 ? BLOCK_N / 8 : constexpr_min(BLOCK_N, 128 - n0 % 128) / 8;

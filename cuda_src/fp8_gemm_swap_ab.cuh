@@ -197,31 +197,13 @@ fp8_gemm_swap_ab_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, c
         #pragma unroll
         for (uint32_t i = 0; i < kNumAccum; ++i) final_accum[v][i] = 0.f;
       }
-      // The tile's B scales for this rank's K blocks into this warp's copy:
-      // all of a batch's loads before any store (a strided load -> store
-      // loop is a chain of round trips: benches/RESULTS.md v0.8).
+      // The tile's B scales (rows n0 / 128 ...) for all of K into this warp's
+      // copy, zeros past the last 128-row block.
       {
         const uint32_t row0 = n0 / 128u;
         constexpr uint32_t kCount = Smem::kSFBTileRows * kNumKBlocks;
-        constexpr uint32_t kIters = ceil_div(kCount, 32u);
-        constexpr uint32_t kBatch = constexpr_min(kIters, 8u);
-        __syncwarp();
-        #pragma unroll 1
-        for (uint32_t it0 = 0; it0 < kIters; it0 += kBatch) {
-          float val[kBatch];
-          #pragma unroll
-          for (uint32_t j = 0; j < kBatch; ++j) {
-            const uint32_t i = constexpr_min((it0 + j) * 32u + lane, kCount - 1u);
-            const uint32_t row = row0 + i / kNumKBlocks;
-            val[j] = row < kNumSFBRows ? __ldg(sfb + static_cast<uint64_t>(row) * kNumKBlocks + i % kNumKBlocks) : 0.f;
-          }
-          #pragma unroll
-          for (uint32_t j = 0; j < kBatch; ++j) {
-            const uint32_t i = (it0 + j) * 32u + lane;
-            if (i < kCount) warp_sfb[i] = val[j];
-          }
-        }
-        __syncwarp();
+        const uint32_t valid = constexpr_min(kCount, (kNumSFBRows - row0) * kNumKBlocks);
+        warp_copy_f32<kCount>(warp_sfb, sfb + static_cast<uint64_t>(row0) * kNumKBlocks, valid, lane);
       }
 
       #pragma unroll 1

@@ -2,12 +2,14 @@
 
     python benches/bench_decode.py [--ms 1,2,4,8,16,32,64,128] [--reps 30] [--passes 2]
                                    [--deepgemm] [--sweep 1,8,32,64,128] [--sweep-kind full|multicast]
-                                   [--json OUT]
+                                   [--flush write|read] [--json OUT]
 
 Per (M, N, K), from one process: the config cugemm8 picks; its kernel time
 (CUPTI through torch.profiler when torch is installed, else CUDA events),
 median over ``--passes`` interleaved passes of ``--reps`` repetitions, a
-256 MB L2 flush before each; bytes per second (A + B + D + scales over the
+256 MB L2 flush before each (``--flush write``, the default and DeepGEMM's
+method, leaves L2 full of dirty lines; ``read`` leaves it clean:
+``common.L2ReadFlush``); bytes per second (A + B + D + scales over the
 time) against a device-to-device copy measured in the same run; and, timed
 in the same passes on the same bytes, DeepGEMM's ``fp8_gemm_nt``
 (``--deepgemm``: put DeepGEMM on PYTHONPATH, ``../shared/anchors/README.md``)
@@ -97,6 +99,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common.add_run_args(p, DECODE_MS, dg_help="time DeepGEMM (importable deep_gemm) beside")
     p.add_argument("--sweep", default="", help="M values at which to time forced configs too")
+    p.add_argument("--flush", choices=("write", "read"), default="write",
+                   help="L2 flush before each repetition: a 256 MB write (dirty lines, DeepGEMM's "
+                        "method) or read (clean lines)")
     p.add_argument("--sweep-kind", choices=("full", "multicast"), default="full",
                    help="full: the candidates above; multicast: only the pick's multicast twins")
     args = p.parse_args(argv)
@@ -114,7 +119,7 @@ def main(argv=None) -> int:
     num_sms = cugemm8.get_num_sms()
     sweep_of = multicast_candidates if args.sweep_kind == "multicast" else sweep_candidates
     copy_gbps = common.copy_bandwidth_gbps()
-    flush = common.L2Flush()
+    flush = common.make_flush(args.flush)
     torch, torch_api = common.load_torch()
     dg = None
     if args.deepgemm:
@@ -205,8 +210,9 @@ def main(argv=None) -> int:
             common.release_memory()
     if args.json:
         Path(args.json).write_text(json.dumps({"copy_gbps": copy_gbps, "torch": common.torch_version(),
-                                               "records": records}, indent=1))
-    print_table(f"decode GEMMs (copy {copy_gbps:.0f} GB/s; times {'CUPTI' if torch else 'events'} µs)",
+                                               "flush": args.flush, "records": records}, indent=1))
+    print_table(f"decode GEMMs (copy {copy_gbps:.0f} GB/s; times {'CUPTI' if torch else 'events'} µs; "
+                f"L2 flushed by a {args.flush})",
                 ("shape", "config", "cugemm8", "DeepGEMM", "xDG", "xcuBLASLt", "% copy", "best forced"),
                 rows)
     summary(records)

@@ -5,7 +5,9 @@
 A config is 'BMxBN sS' with an optional ' c2' / ' c2A' (multicast A) or
 ' c2B' (multicast B); the grid is the largest legal one on this device.
 Each config runs RUNS times (default 3) and is then checked against the
-float64 reference."""
+float64 reference.  With VARIANT=PLAN.json:NAME the kernel is that
+``tools/perf/variant_sweep.py`` plan variant's source (an ``unchecked``
+probe's diff is large by design)."""
 import os
 import sys
 
@@ -22,6 +24,20 @@ m, n, k = (int(x) for x in sys.argv[1:4])
 shape = Shape("normal", m, n, k)
 ops = make_operands(shape, cp, seed=0)
 ref, _ = reference(ops, shape, cp)
+variant_ctx = None
+if os.environ.get("VARIANT"):
+    import contextlib
+    import json
+    import tempfile
+    from pathlib import Path
+    sys.path.insert(2, "tools/perf")
+    from cugemm8 import _jit  # noqa: E402
+    from variant_sweep import make_tree, variant  # noqa: E402
+    plan_path, name = os.environ["VARIANT"].rsplit(":", 1)
+    spec = json.loads(Path(plan_path).read_text())["variants"][name]
+    tree = make_tree(_jit.cuda_src_dir(), spec, Path(tempfile.mkdtemp()) / name)
+    variant_ctx = variant(tree, spec)
+    variant_ctx.__enter__()
 for text in sys.argv[4:]:
     cfg = parse_config(text.replace("c2A", "c2"), shape, cugemm8.get_num_sms())
     if cfg is None:

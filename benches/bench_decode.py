@@ -137,7 +137,7 @@ def main(argv=None) -> int:
             for cfg in cfgs:
                 jobs[G._kernel_name(cfg, n, k, 0, 1)] = cfg.smem_bytes
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda j: _jit.get_kernel(G._HEADER, j[0], max_dynamic_smem=j[1]), jobs.items()))
+        list(pool.map(lambda j: _jit.get_kernel(G._header_of(j[0]), j[0], max_dynamic_smem=j[1]), jobs.items()))
 
     rows, records = [], []
     for n, k in nks:

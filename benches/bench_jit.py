@@ -98,7 +98,8 @@ def main(argv=None) -> int:
         for kind, g, m, n, k in shapes:
             cfg = _config.select_config(kind, m * g if kind == "contiguous" else m, n, k, num_groups=g)
             t = time.perf_counter()
-            _jit.compile_only(gemm._HEADER, [gemm._kernel_name(cfg, n, k, gemm._GEMM_TYPE[kind], g)])
+            name = gemm._kernel_name(cfg, n, k, gemm._GEMM_TYPE[kind], g)
+            _jit.compile_only(gemm._header_of(name), [name])
             rows.append((f"{kind} {g}x{m}x{n}x{k}", str(cfg), f"{time.perf_counter() - t:.2f}"))
         print_table("NVRTC compile (no GPU)", ("shape", "config", "seconds"), rows)
         return 0

@@ -121,7 +121,7 @@ def main(argv=None) -> int:
         name, smem = item
         with cp.cuda.Device(device_id):
             try:
-                _jit.get_kernel(G._HEADER, name, max_dynamic_smem=smem)
+                _jit.get_kernel(G._header_of(name), name, max_dynamic_smem=smem)
                 return None
             except Exception as exc:
                 return f"{name}: {type(exc).__name__}: {exc}"[:300]

@@ -533,10 +533,13 @@ def make_config(kind: str, block_m: int, block_n: int, num_stages: int, k: int, 
     None: the default, 2, or 1 with ``swap_ab``) filled in.  Does not check
     legality: call :func:`is_legal` on the result."""
     if swap_ab:
+        # The given multicast / warpgroup fields are kept (is_legal rejects
+        # any but one warpgroup and no multicast), not silently replaced.
         return GemmConfig(kind=kind, block_m=block_m, block_n=block_n, block_k=BLOCK_K,
-                          num_stages=num_stages, num_math_warpgroups=1, num_multicast=1,
-                          multicast_on_a=False, num_k_splits=num_k_splits, num_sms=num_sms,
-                          swizzle_d=0,
+                          num_stages=num_stages,
+                          num_math_warpgroups=1 if num_math_warpgroups is None else num_math_warpgroups,
+                          num_multicast=num_multicast, multicast_on_a=multicast_on_a,
+                          num_k_splits=num_k_splits, num_sms=num_sms, swizzle_d=0,
                           smem_bytes=swap_ab_smem_size(block_m, block_n, num_stages, k, num_k_splits),
                           swap_ab=True)
     wgs = _default_math_warpgroups(block_m) if num_math_warpgroups is None else num_math_warpgroups
@@ -674,7 +677,8 @@ def _swap_ab_legal(c: GemmConfig, k: int | None, available_sms: int | None,
 def tile_counts(config: GemmConfig, m: int, n: int, num_groups: int = 1) -> tuple[int, int, int]:
     """``(tiles, executed_tiles, waves)`` of ``config`` on a problem: real
     output tiles, tiles the CTAs run including phantoms of unpaired clusters
-    (with split K each tile counts twice, once per CTA of its pair), and
+    (with split K each tile counts once per CTA of its cluster:
+    ``num_k_splits`` times), and
     ceil(executed / grid).  ``m`` is expected_m for ``masked`` (then
     ``num_groups`` groups) and m_sum for ``contiguous``."""
     groups = num_groups if config.kind == "masked" else 1
@@ -861,7 +865,7 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit):
             if ONE_WARPGROUP_ENABLED and bm == 64:
                 for mc, on_a, splits, _ in list(options):
                     st1 = max_stages(bm, bn, k, smem_limit, num_k_splits=splits, num_math_warpgroups=1)
-                    st1 = _short_k_stages(kind, bm, bn, k, splits, st1)
+                    st1 = _short_k_stages(kind, m_eff, bm, bn, k, splits, st1)
                     if st1:
                         options.append((mc, on_a, splits, st1, 1))
             options = [o if len(o) == 5 else (*o, 2) for o in options]
@@ -885,16 +889,20 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit):
     return tuple((key[0], cfg) for key, cfg in ranked)
 
 
-def _short_k_stages(kind: str, bm: int, bn: int, k: int, splits: int, stages: int) -> int:
-    """Stages of a one-warpgroup normal-GEMM candidate whose tile has at most
-    :data:`SHORT_K_BLOCKS` K blocks per CTA: those blocks, not more (the
-    minimum at least).  Deeper rings only load the next tile's blocks early,
-    and every CTA then has two tiles of B in flight at the start: measured on
-    the H200 (benches/RESULTS.md v0.16, ``plan_32768x512.json``) 64x128 w1 at
+def _short_k_stages(kind: str, m: int, bm: int, bn: int, k: int, splits: int, stages: int) -> int:
+    """Stages of a one-warpgroup normal-GEMM candidate at decode sizes
+    (``m`` <= 64) whose unsplit tile is at least 128 wide and has at most
+    :data:`SHORT_K_BLOCKS` K blocks: those blocks, not more (the minimum at
+    least).  Deeper rings only load the next tile's blocks early, and every
+    CTA then has two tiles of B in flight at the start: measured on the H200
+    (benches/RESULTS.md v0.16, ``plan_32768x512.json``) 64x128 w1 at
     32768x512 runs 0.2-0.5 us faster with 4 stages than with 8 (M = 1 and
-    64, with and without B's evict-first hint), 5 in between."""
+    64, with and without B's evict-first hint), 5 in between.  Only that
+    family was measured, so narrower, split or larger-M tiles keep the
+    deepest ring that fits."""
     kb = _ceil_div(k, BLOCK_K) // splits
-    if kind != "normal" or not stages or kb > SHORT_K_BLOCKS:
+    if (kind != "normal" or not stages or kb > SHORT_K_BLOCKS or m > 64 or splits != 1
+            or bn < 128):
         return stages
     return min(stages, max(kb, _min_stages(bm, bn)))
 

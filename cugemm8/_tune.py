@@ -65,7 +65,7 @@ def forced_config(kind: str, m: int, n: int, k: int, num_groups: int, bm: int, b
 
 
 _CONFIG_RE = re.compile(r"(\d+)x(\d+) s(\d+)( w1)?(?: (c2A?|c2B|k2))?(?: sms\d+)?")
-_SWAP_AB_RE = re.compile(r"(\d+)x(\d+) s(\d+) swapAB(?: k([124]))?(?: sms\d+)?")
+_SWAP_AB_RE = re.compile(r"(\d+)x(\d+) s(\d+) swapAB(?: k([24]))?(?: sms\d+)?")
 
 
 def forced_swap_ab_config(m: int, n: int, k: int, bm: int, bn: int, stages: int, num_sms: int,
@@ -97,7 +97,8 @@ def parse_config(text: str, kind: str, m: int, n: int, k: int, num_groups: int, 
                                      num_sms, int(ms.group(4) or 1))
     mt = _CONFIG_RE.fullmatch(text.strip())
     if mt is None:
-        raise ValueError(f"config {text!r} is not of the form 'BMxBN sS [w1] [c2|c2A|c2B|k2]'")
+        raise ValueError(f"config {text!r} is not of the form 'BMxBN sS [w1] [c2|c2A|c2B|k2]' "
+                         f"or 'BMxBN sS swapAB [k2|k4]'")
     bm, bn, stages = (int(mt.group(i)) for i in (1, 2, 3))
     tag = mt.group(5)
     return forced_config(kind, m, n, k, num_groups, bm, bn, stages, num_sms,
@@ -173,13 +174,16 @@ def candidates(kind: str, m: int, n: int, k: int, num_groups: int, num_sms: int,
 def swap_ab_candidates(m: int, n: int, k: int, num_sms: int) -> list:
     """Swap-AB configs (the decode kernel with the weights as the WGMMA's 64
     rows, ``GemmConfig.swap_ab``) for ``m`` up to 32: the token tile that
-    holds ``m``, each weight tile of 64-256 rows, unsplit or split K over a
+    holds every M of ``m``'s power-of-two bucket, each weight tile of 64-256 rows, unsplit or split K over a
     CTA pair, where the CTAs (tiles x splits) number between half the SMs
     and two waves; one wave before two, then the fullest first.  (Clusters of 4 ran 1.5x slower on the H200:
     benches/RESULTS.md v0.16.)"""
     if not 1 <= m <= _config.SWAP_AB_BLOCK_MS[-1]:
         return []
-    bm = -(-m // 8) * 8
+    # A tuned entry serves the whole power-of-two bucket of m (_tuned.m_bucket):
+    # the token tile covers the bucket's largest m, so one tile holds every M in it.
+    bucket = 1 << (m - 1).bit_length()
+    bm = min(_config.SWAP_AB_BLOCK_MS[-1], -(-bucket // 8) * 8)
     found = []
     for bn in _config.SWAP_AB_BLOCK_NS:
         for splits in (1, 2):

@@ -47,7 +47,9 @@ File format (version 1)::
                   "us": 9.1, "heuristic": "64x32 s16 k2 sms132", "heuristic_us": 9.3,
                   "rows": 64, "candidates": 14, "tuned_at": "2026-12-01T15:00:00Z"}, ...]}
 ``config.num_math_warpgroups`` is optional (2 when absent: files written
-before v0.11).  The training kinds (``wgrad``, ``k_grouped``: the 1D1D
+before v0.11), and so is ``config.swap_ab`` (``true`` for the swap-AB decode
+kernel, :class:`cugemm8._config.GemmConfig`; false when absent: files
+written before v0.16).  The training kinds (``wgrad``, ``k_grouped``: the 1D1D
 GEMMs, :mod:`cugemm8._config_1d1d`) record ``{"block_m", "block_n",
 "num_stages", "num_sms", "tma_store"}`` instead; their M bucket is that of
 D's rows and their ``k`` the total tokens.  A ``tma_store`` entry serves

@@ -76,6 +76,14 @@ if TYPE_CHECKING:
 
 _HEADER = "fp8_gemm_1d2d.cuh"
 _SWAP_AB_HEADER = "fp8_gemm_swap_ab.cuh"
+
+
+def _header_of(kernel_name: str) -> str:
+    """The ``cuda_src`` header that defines ``kernel_name`` (a name from
+    :func:`_kernel_name`): the swap-AB kernel's or the 1D2D kernel's.  Every
+    place that compiles GEMM kernels ahead of a launch (tune, warmup, the
+    benches and probes) goes through this."""
+    return _SWAP_AB_HEADER if "fp8_gemm_swap_ab_kernel" in kernel_name else _HEADER
 _GEMM_TYPE = {"normal": 0, "contiguous": 1, "masked": 2}
 _NULL = np.uint64(0)
 _INT32_MAX = 2 ** 31 - 1
@@ -353,10 +361,13 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
     :func:`cugemm8._config.quant_a_config`), and ``sfa`` is None.
     """
     kb = -(-k // 128)
+    if cfg.swap_ab and (kind != "normal" or x_dtype is not None or num_groups != 1):
+        raise ValueError(f"config {cfg} (swap_ab) runs the normal GEMM on FP8 A only, "
+                         f"not kind {kind!r}" + (f" with {x_dtype} activations" if x_dtype else ""))
     if b_evict_first(rows, cfg.block_m, k):
         flags |= FLAG_B_EVICT_FIRST
     name = _kernel_name(cfg, n, k, _GEMM_TYPE[kind], num_groups, x_dtype)
-    kern = _jit.get_kernel(_SWAP_AB_HEADER if cfg.swap_ab else _HEADER, name, max_dynamic_smem=cfg.smem_bytes)
+    kern = _jit.get_kernel(_header_of(name), name, max_dynamic_smem=cfg.smem_bytes)
 
     box_m = a_box_rows(rows, cfg.block_m)
     if x_dtype is None:

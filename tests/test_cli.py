@@ -645,3 +645,24 @@ def test_configs_training_table_shows_the_register_epilogue_pick(tmp_path, capsy
     from cugemm8 import _config_1d1d as C1
     other = C1.select_config(7168, 2048, 4096, num_sms=132, with_c=True, tma_store=False)
     assert not other.tma_store and str(other) in out, out
+
+
+def test_configs_shows_a_tuned_swap_ab_entry(tmp_path, capsys, monkeypatch):
+    """A tuned swap-AB entry prints as its own config text (swap flag and K
+    split included), not as a 1D2D label rebuilt from its fields."""
+    from cugemm8 import _config, _tuned
+    path = tmp_path / "tuned.json"
+    monkeypatch.setenv(_tuned.ENV_VAR, str(path))
+    _tuned.reload()
+    try:
+        cfg = _config.make_config("normal", 8, 64, 24, 7168, num_k_splits=2, num_sms=128, swap_ab=True)
+        env = {f: "x" for f in _tuned.ENV_FIELDS}
+        env["num_sms"] = 132
+        _tuned.write_entries([_tuned.entry_for("normal", 8, 4096, 7168, 1, env, cfg, us=10.0)], path)
+        shapes = _shapes_file(tmp_path, [{"m": 8, "n": 4096, "k": 7168}])
+        assert cli.main(["configs", "--shapes", shapes, "--num-sms", "132"]) == 0
+        out = capsys.readouterr().out
+        assert "8x64 s24 swapAB k2 sms128" in out, out
+    finally:
+        monkeypatch.delenv(_tuned.ENV_VAR)
+        _tuned.reload()

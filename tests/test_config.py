@@ -53,7 +53,7 @@ def check_choice(cfg: GemmConfig, kind, g, m, n, k, num_sms=132, smem_limit=SMEM
     # at most four K blocks per CTA: that many (test_short_k_stage_cap)
     step = 2 if bm == 64 and wgs == 2 else 1   # split K: the next legal count is two more
     kb = -(-k // 128) // splits
-    if kind == "normal" and wgs == 1 and kb <= 4:
+    if kind == "normal" and wgs == 1 and kb <= 4 and max(m, 1) <= 64 and splits == 1 and bn >= 128:
         assert cfg.num_stages == max(kb, 3 if bm * bn >= 128 * 192 else 4)
     else:
         assert cfg.num_stages == 16 or smem_size(bm, bn, cfg.num_stages + step, k, splits, wgs) > smem_limit
@@ -670,6 +670,38 @@ def test_short_k_stage_cap():
     for m in (1, 8, 64):
         cfg = cfgmod.select_config("normal", m, 32768, 512)
         assert (cfg.block_m, cfg.num_math_warpgroups, cfg.num_stages) == (64, 1, 4), cfg
-    assert cfgmod._short_k_stages("normal", 64, 128, 640, 1, 8) == 8        # five K blocks: uncapped
-    assert cfgmod._short_k_stages("normal", 64, 16, 256, 1, 16) == 4        # the minimum for 64x16
-    assert cfgmod._short_k_stages("masked", 64, 128, 512, 1, 8) == 8
+    assert cfgmod._short_k_stages("normal", 1, 64, 128, 640, 1, 8) == 8     # five K blocks: uncapped
+    assert cfgmod._short_k_stages("normal", 1, 64, 192, 256, 1, 16) == 4    # the minimum for 64x192
+    assert cfgmod._short_k_stages("normal", 1, 64, 64, 512, 1, 16) == 16    # narrower: not measured
+    assert cfgmod._short_k_stages("normal", 1, 64, 128, 1024, 2, 16) == 16  # split K: not measured
+    assert cfgmod._short_k_stages("normal", 65, 64, 128, 512, 1, 8) == 8    # beyond decode sizes
+    assert cfgmod._short_k_stages("masked", 1, 64, 128, 512, 1, 8) == 8
+
+
+def test_swap_ab_validation_edges():
+    """Fields a swap-AB config cannot have are kept by make_config and
+    rejected by is_legal; config text with another split or tag is refused
+    with both grammars named; a launch of a swap-AB config for another kind
+    fails before any work."""
+    from cugemm8 import _tune, gemm as G
+    k = 7168
+    for kw in ({"num_multicast": 2}, {"num_math_warpgroups": 2}, {"num_multicast": 2, "multicast_on_a": True}):
+        cfg = cfgmod.make_config("normal", 8, 64, 16, k, num_sms=128, swap_ab=True, **kw)
+        legal, why = cfgmod.is_legal(cfg, k=k)
+        assert not legal and "one math warpgroup" in why, (kw, why)
+    for text in ("8x64 s16 swapAB k1", "8x64 s16 swapAB k3", "8x64 s16 swapAB w1"):
+        with pytest.raises(ValueError, match="swapAB"):
+            _tune.parse_config(text, "normal", 8, 4096, k, 1, 132)
+    cfg = _tune.parse_config("8x64 s16 swapAB k2", "normal", 8, 4096, k, 1, 132)
+    with pytest.raises(ValueError, match="swap_ab"):
+        G._prepare_launch(cfg, "masked", 4096, k, 2, 8, 8, None, None, None, None, None, None, 2)
+
+
+def test_swap_ab_candidates_cover_the_m_bucket():
+    """A tuned entry serves a power-of-two bucket of M, so tune's swap-AB
+    token tile covers the bucket's largest M (one token tile for all of it)."""
+    from cugemm8 import _tune
+    for m, bm in ((1, 8), (3, 8), (5, 8), (9, 16), (17, 32), (24, 32), (32, 32)):
+        cands = _tune.swap_ab_candidates(m, 4096, 7168, 132)
+        assert cands and {c.block_m for c in cands} == {bm}, (m, [str(c) for c in cands])
+    assert _tune.swap_ab_candidates(33, 4096, 7168, 132) == []

@@ -332,3 +332,22 @@ def test_swap_ab_smem_layout_matches_the_python_formula():
                                       f"&& {t}::kB % 1024 == 0 && {t}::kA % 1024 == 0 && {t}::kOffRed % 16 == 0 "
                                       f"&& {t}::kOffBar % 8 == 0, \"{k} {bm} {bn} {stages} {splits}\");")
     _compile_static_asserts(checks, header="fp8_gemm_swap_ab.cuh")
+
+
+def test_every_tune_candidate_compiles_from_its_own_header():
+    """tune, warmup, the benches and the probes compile kernels ahead of a
+    launch through gemm._header_of: a swap-AB name from the 1D2D header does
+    not compile, so each name must come with its own (one swap-AB and one
+    1D2D candidate of tune's plan at M = 8 compiled here)."""
+    from cugemm8 import _tune
+    cands = _tune.candidates("normal", 8, 4096, 7168, 1, 132)
+    swap = next(c for c in cands if c.swap_ab)
+    plain = next(c for c in cands if not c.swap_ab)
+    for cfg in (swap, plain):
+        name = _gemm._kernel_name(cfg, 4096, 7168, 0, 1)
+        header = _gemm._header_of(name)
+        assert header == ("fp8_gemm_swap_ab.cuh" if cfg.swap_ab else "fp8_gemm_1d2d.cuh")
+        rep = _jit.compile_only(header, [name], sass=False)
+        assert len(rep.resources) == 1
+    with pytest.raises(RuntimeError):
+        _jit.compile_only("fp8_gemm_1d2d.cuh", [_gemm._kernel_name(swap, 4096, 7168, 0, 1)], sass=False)

@@ -148,7 +148,8 @@ def cmd_tune(args) -> int:
     names = {}
     for s, cands in plan:
         for c in cands:
-            names[kernel_name(c, s)] = (c.smem_bytes, G1._HEADER if s.kind in KINDS_1D1D else G._HEADER)
+            name = kernel_name(c, s)
+            names[name] = (c.smem_bytes, G1._HEADER if s.kind in KINDS_1D1D else G._header_of(name))
     device_id = cp.cuda.Device().id
     advance, close = _progress(len(names), "cugemm8 tune: compiling")
 

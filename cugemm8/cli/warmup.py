@@ -36,14 +36,14 @@ class WarmupJob:
     config: str
     smem: int
     shapes: list
-    header: str | None = None       # None: the GEMM header (cugemm8.gemm._HEADER)
+    header: str | None = None       # None: the GEMM header of `name` (cugemm8.gemm._header_of)
 
 
 def _header(job: WarmupJob) -> str:
     if job.header is not None:
         return job.header
     from .. import gemm
-    return gemm._HEADER
+    return gemm._header_of(job.name)
 
 
 def plan_warmup(shapes: list[Shape], num_sms: int) -> tuple[list[WarmupJob], list[str]]:

@@ -133,8 +133,7 @@ def variant(tree: Path, spec: dict):
 
 def _build(item) -> str | None:
     try:
-        header = G._SWAP_AB_HEADER if "fp8_gemm_swap_ab_kernel" in item[0] else KERNEL
-        _jit.get_kernel(header, item[0], max_dynamic_smem=item[1])
+        _jit.get_kernel(G._header_of(item[0]), item[0], max_dynamic_smem=item[1])
         return None
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"[:400]

@@ -59,7 +59,7 @@ def main() -> int:
             for c in shape_candidates(m, n, k, num_sms, args.multicast):
                 jobs[G._kernel_name(c, n, k, 0, 1)] = c.smem_bytes
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda j: _jit.get_kernel(G._HEADER, j[0], max_dynamic_smem=j[1]), jobs.items()))
+        list(pool.map(lambda j: _jit.get_kernel(G._header_of(j[0]), j[0], max_dynamic_smem=j[1]), jobs.items()))
     print(f"{len(jobs)} kernels compiled", flush=True)
     flush = common.L2Flush()
     rows = []

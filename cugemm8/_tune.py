@@ -276,13 +276,13 @@ def now_utc() -> str:
 
 
 def record(kind: str, m: int, n: int, k: int, num_groups: int, env: dict, win: Measured,
-           heuristic: Measured, candidates: int) -> dict:
+           heuristic: Measured, candidates: int, flush: str = "write") -> dict:
     """The tuned-file entry of one shape's winner (with its time, the
-    heuristic's pick and time, the op's m, the candidate count, a UTC time
-    stamp)."""
+    heuristic's pick and time, the op's m, the candidate count, the L2
+    flush the times were taken after, a UTC time stamp)."""
     from . import _tuned
     return _tuned.entry_for(kind, m, n, k, num_groups, env, win.config,
                             us=round(win.us, 3) if win.us is not None else None,
                             heuristic=str(heuristic.config),
                             heuristic_us=round(heuristic.us, 3) if heuristic.us is not None else None,
-                            rows=int(m), candidates=int(candidates), tuned_at=now_utc())
+                            rows=int(m), candidates=int(candidates), flush=flush, tuned_at=now_utc())

@@ -666,3 +666,24 @@ def test_configs_shows_a_tuned_swap_ab_entry(tmp_path, capsys, monkeypatch):
     finally:
         monkeypatch.delenv(_tuned.ENV_VAR)
         _tuned.reload()
+
+
+def test_tune_flush_option(capsys):
+    """tune's --flush: write (default) or read, nothing else; the flush
+    factory refuses another kind before touching the GPU; a tuned entry
+    records the flush its times were taken after."""
+    import cupy
+    from cugemm8 import _config, _tune
+    from cugemm8.cli import _data
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["tune", "--shapes", "@decode", "--flush", "clean"])
+    assert exc.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="'write' or 'read'"):
+        _data.make_l2_flush(cupy, kind="dirty")
+    cfg = _config.make_config("normal", 64, 32, 16, 7168, num_sms=128, num_math_warpgroups=1)
+    env = {"gpu": "x", "sm_count": 132, "num_sms": 132, "driver": "x", "nvrtc": "x", "cupy": "x",
+           "sources": "x", "cugemm8": "x"}
+    m = _tune.Measured(cfg, samples=[12.0])
+    e = _tune.record("normal", 8, 4096, 7168, 1, env, m, m, 5, flush="read")
+    assert e["flush"] == "read"

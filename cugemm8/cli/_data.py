@@ -566,8 +566,25 @@ def time_us(fn, cp, *, reps: int = 10, warmup: int = 2, flush=None) -> float:
     return statistics.median(cp.cuda.get_elapsed_time(s, e) for s, e in events) * 1e3
 
 
-def make_l2_flush(cp, nbytes: int = 256 << 20):
-    """A callable that overwrites ``nbytes`` of device memory (evicts L2)."""
+def make_l2_flush(cp, nbytes: int = 256 << 20, kind: str = "write"):
+    """A callable that evicts L2 by touching ``nbytes`` of device memory.
+
+    ``kind='write'`` (the default, DeepGEMM's ``bench_kineto`` method)
+    overwrites them, leaving L2 full of dirty lines whose write-backs the
+    next kernel's misses pay for; ``'read'`` sums them, leaving clean lines,
+    closer to a decode step in a model (its activations are a few KB).  The
+    two bracket serving conditions; which kernel is faster can differ
+    between them (benches/RESULTS.md v0.16: the swap-AB decode kernel).
+    Raises ``ValueError`` for another ``kind``."""
+    if kind not in ("write", "read"):
+        raise ValueError(f"flush kind must be 'write' or 'read', got {kind!r}")
+    if kind == "read":
+        words = cp.ones(nbytes // 8, dtype=cp.uint64)
+        total = [None]
+
+        def read_flush():
+            total[0] = words.sum()
+        return read_flush
     buf = cp.empty(nbytes, dtype=cp.uint8)
     state = [0]
 

@@ -9,7 +9,9 @@ method): every candidate's kernel is compiled first (threads); each is run
 once on random operands and its output checked against the float64
 reference (``calc_diff`` < 1e-3 on the valid rows), a wrong one is never
 timed or chosen; then CUDA-event timings with a 256 MB L2 flush before each
-repetition, interleaved across candidates in rounds, median per candidate.
+repetition (``--flush``: a write, the default, or a read; see
+:func:`cugemm8.cli._data.make_l2_flush`), interleaved across candidates in
+rounds, median per candidate.
 The heuristic's pick stays unless a candidate is more than 1 % faster.
 The training kinds (``wgrad``, ``k_grouped``: the 1D1D GEMMs) are timed
 accumulating in place (``c = d``, the gradient-accumulation call; each
@@ -169,7 +171,7 @@ def cmd_tune(args) -> int:
     close()
     t_compiled = time.monotonic()
 
-    flush = make_l2_flush(cp)
+    flush = make_l2_flush(cp, kind=args.flush)
     results, new_entries = [], []
     advance, close = _progress(len(plan), "cugemm8 tune: timing")
     for i, (s, cands) in enumerate(plan):
@@ -220,7 +222,7 @@ def cmd_tune(args) -> int:
                                  for m in measured]})
         if w_us is not None:
             new_entries.append(_tune.record(s.kind, key_m, s.n, s.k, s.num_groups, env, win, heuristic,
-                                            len(measured)))
+                                            len(measured), flush=args.flush))
         advance(s.label())
         del ops, ref, runs
         cp.get_default_memory_pool().free_all_blocks()
@@ -291,4 +293,8 @@ def register(sub) -> None:
                    help="tuned file to merge into (default: $CUGEMM8_TUNED_FILE or ~/.cache/cugemm8/tuned.json)")
     p.add_argument("--json", default=None, metavar="OUT", help="also write the full report (every candidate) here")
     p.add_argument("--dry-run", action="store_true", help="measure and report, write nothing")
+    p.add_argument("--flush", choices=("write", "read"), default="write",
+                   help="L2 flush before each timed repetition: a 256 MB write (default; leaves dirty "
+                        "lines, DeepGEMM's benchmark method) or read (clean lines, closer to a decode step "
+                        "in a model; e.g. the swap-AB decode kernel wins at 4096x7168 only after this)")
     p.set_defaults(func=cmd_tune)

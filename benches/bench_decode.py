@@ -9,7 +9,7 @@ Per (M, N, K), from one process: the config cugemm8 picks; its kernel time
 median over ``--passes`` interleaved passes of ``--reps`` repetitions, a
 256 MB L2 flush before each (``--flush write``, the default and DeepGEMM's
 method, leaves L2 full of dirty lines; ``read`` leaves it clean:
-``common.L2ReadFlush``); bytes per second (A + B + D + scales over the
+``common.make_flush``); bytes per second (A + B + D + scales over the
 time) against a device-to-device copy measured in the same run; and, timed
 in the same passes on the same bytes, DeepGEMM's ``fp8_gemm_nt``
 (``--deepgemm``: put DeepGEMM on PYTHONPATH, ``../shared/anchors/README.md``)

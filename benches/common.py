@@ -41,31 +41,21 @@ class L2Flush:
         self.buf.fill(self.value)
 
 
-class L2ReadFlush:
-    """Reads ``nbytes`` of device memory (a sum) on the current stream when
-    called: L2 is left holding clean lines.  :class:`L2Flush` (DeepGEMM's
-    ``bench_kineto`` method, a 256 MB write) leaves it full of dirty lines,
-    whose write-backs the next kernel's misses pay for; a decode step in a
-    model finds little dirty data in L2 (its activations are a few KB), so
-    the two bracket it.  Measured on the H200 (benches/RESULTS.md v0.16):
-    the swap-AB decode kernel at 1x4096x7168 takes 12.42 us after a write
-    and 10.30 after a read, the 1D2D pick 12.38 and 12.29."""
-
-    def __init__(self, nbytes: int = FLUSH_BYTES):
-        self.buf = cp.ones(nbytes // 8, dtype=cp.uint64)
-        self.total = None
-
-    def __call__(self) -> None:
-        self.total = self.buf.sum()
-
-
 def make_flush(kind: str = "write"):
     """The L2 flush a bench uses before each repetition: ``'write'``
-    (:class:`L2Flush`, the default, DeepGEMM's method) or ``'read'``
-    (:class:`L2ReadFlush`)."""
+    (:class:`L2Flush`, the default, DeepGEMM's method: L2 left full of dirty
+    lines) or ``'read'`` (a 256 MB read leaving clean lines, closer to a
+    decode step in a model: ``cugemm8 tune --flush read``'s, from
+    :func:`cugemm8.cli.make_l2_flush`).  Measured on the H200
+    (benches/RESULTS.md v0.16): the swap-AB decode kernel at 1x4096x7168
+    takes 12.42 us after a write and 10.30 after a read, the 1D2D pick 12.38
+    and 12.29."""
     if kind not in ("write", "read"):
         raise ValueError(f"flush must be 'write' or 'read', got {kind!r}")
-    return L2Flush() if kind == "write" else L2ReadFlush()
+    if kind == "write":
+        return L2Flush()
+    from cugemm8.cli import make_l2_flush
+    return make_l2_flush(cp, FLUSH_BYTES, kind="read")
 
 
 @dataclasses.dataclass

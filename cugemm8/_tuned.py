@@ -247,6 +247,17 @@ def has_entries() -> bool:
         return _state["path"] is not None and bool(_state["index"])
 
 
+def entry_config(e: dict, k: int):
+    """A well-formed 1D2D entry's :class:`GemmConfig` for its ``k``, not
+    checked against the kernel's rules (:func:`config_from_entry` checks)."""
+    c = e["config"]
+    return _config.make_config(e["kind"], c["block_m"], c["block_n"], c["num_stages"], k,
+                               num_multicast=c["num_multicast"], multicast_on_a=c["multicast_on_a"],
+                               num_k_splits=c["num_k_splits"], num_sms=c["num_sms"],
+                               num_math_warpgroups=c.get("num_math_warpgroups", 2),
+                               swap_ab=c.get("swap_ab", False))
+
+
 def config_from_entry(e: dict, k: int, available_sms: int):
     """Rebuild an entry's :class:`GemmConfig` (a :class:`Gemm1d1dConfig` for
     the training kinds) for its ``k`` and check it against the kernel's rules
@@ -261,11 +272,7 @@ def config_from_entry(e: dict, k: int, available_sms: int):
             return None, f"{type(exc).__name__}: {exc}"
         return (cfg, "") if ok else (None, why)
     try:
-        cfg = _config.make_config(e["kind"], c["block_m"], c["block_n"], c["num_stages"], k,
-                                  num_multicast=c["num_multicast"], multicast_on_a=c["multicast_on_a"],
-                                  num_k_splits=c["num_k_splits"], num_sms=c["num_sms"],
-                                  num_math_warpgroups=c.get("num_math_warpgroups", 2),
-                                  swap_ab=c.get("swap_ab", False))
+        cfg = entry_config(e, k)
         ok, why = _config.is_legal(cfg, k=k, available_sms=available_sms)
     except (TypeError, ValueError) as exc:
         return None, f"{type(exc).__name__}: {exc}"

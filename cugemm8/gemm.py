@@ -84,6 +84,8 @@ def _header_of(kernel_name: str) -> str:
     place that compiles GEMM kernels ahead of a launch (tune, warmup, the
     benches and probes) goes through this."""
     return _SWAP_AB_HEADER if "fp8_gemm_swap_ab_kernel" in kernel_name else _HEADER
+
+
 _GEMM_TYPE = {"normal": 0, "contiguous": 1, "masked": 2}
 _NULL = np.uint64(0)
 _INT32_MAX = 2 ** 31 - 1

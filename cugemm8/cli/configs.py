@@ -97,14 +97,8 @@ def tuned_rows(cases, num_sms: int, entries: list, env_here: dict | None) -> lis
                      + (" tma" if c["tma_store"] else ""))
         else:
             heur = _config.select_config(kind, m, n, k, num_groups=g, num_sms=num_sms)
-            if cfg is not None:
-                tuned = str(cfg)
-            else:                     # not legal here: the entry's own fields
-                tag = " k2" if c["num_k_splits"] == 2 else (
-                    (" c2A" if c["multicast_on_a"] else " c2B") if c["num_multicast"] == 2 else "")
-                wg = " w1" if c.get("num_math_warpgroups", 2) == 1 else ""
-                swap = " swapAB" if c.get("swap_ab") else ""
-                tuned = f"{c['block_m']}x{c['block_n']} s{c['num_stages']}{wg}{swap}{tag} sms{c['num_sms']}"
+            # Not legal here: the entry's own fields, as the same text.
+            tuned = str(cfg if cfg is not None else _tuned.entry_config(e, k))
         us = e.get("us")
         h_us = e.get("heuristic_us")
         rows.append((kind, str(g), str(m), str(n), str(k), str(heur), tuned, _us(h_us), _us(us),

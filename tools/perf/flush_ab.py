@@ -7,7 +7,7 @@ Each forced configuration (``'64x32 s16 w1'``, ``'8x64 s24 swapAB k2'``,
 (CUPTI kernel durations, ``benches/common.kernel_times``) with two flushes
 before every repetition: a 256 MB write (``common.L2Flush``, DeepGEMM's
 ``bench_kineto`` method: L2 left full of dirty lines, whose write-backs the
-kernel's misses pay for) and a 256 MB read (``common.L2ReadFlush``: clean
+kernel's misses pay for) and a 256 MB read (``common.make_flush('read')``: clean
 lines, closer to a decode step in a model, whose activations are a few KB).
 The configs of a shape alternate within each pass; the lowest pass median is
 printed.  Outputs are not checked here (run the GPU tests or

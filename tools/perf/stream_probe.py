@@ -144,20 +144,13 @@ __device__ __forceinline__ void tma_ring(uint8_t* smem, uint32_t extra, int n, i
   }
 }
 
-// L2 evict-first policy (createpolicy, PTX ISA).
-__device__ __forceinline__ uint64_t evict_first_policy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-
 // The GEMM's B feed alone; kEvictFirst: each box with an L2 evict-first hint.
 template <int R, int S, bool kEvictFirst>
 __global__ void __launch_bounds__(64) tma_feed(const __grid_constant__ TmaDescriptor tmap,
                                                int n, int k, int* out) {
   extern __shared__ __align__(1024) uint8_t smem[];
   if (threadIdx.x == 0) tma_prefetch_descriptor(&tmap);
-  const uint64_t policy = kEvictFirst ? evict_first_policy() : 0;
+  const uint64_t policy = kEvictFirst ? l2_policy_evict_first() : 0;
   tma_ring<R, S>(smem, 0, n, k, R * 128, out, [&](int, uint8_t* dst, uint64_t* bar, int t, int kb) {
     if (kEvictFirst) {
       tma_load_2d_hint(dst, &tmap, bar, kb * 128, t * R, policy);
@@ -178,7 +171,7 @@ __global__ void __launch_bounds__(64) tma_feed_a(const __grid_constant__ TmaDesc
                                                  int n, int k, int* out) {
   extern __shared__ __align__(1024) uint8_t smem[];
   if (threadIdx.x == 0) tma_prefetch_descriptor(&tmap);
-  const uint64_t policy = evict_first_policy();
+  const uint64_t policy = l2_policy_evict_first();
   const int a_row = kPrivateA ? blockIdx.x : 0, kblocks = k / 128;
   tma_ring<R, S>(smem, S * 256, n, k, R * 128 + 128 + 16, out,
                  [&](int s, uint8_t* dst, uint64_t* bar, int t, int kb) {

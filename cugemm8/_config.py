@@ -246,6 +246,19 @@ SWAP_AB_BLOCK_MS = (8, 16, 24, 32)
 SWAP_AB_BLOCK_NS = (64, 128, 192, 256)
 SWAP_AB_SPLITS = (1, 2, 4)
 SWAP_AB_MAX_STAGES = 24
+# select_config's swap-AB rule (_swap_ab_twin): a pick of one math warpgroup,
+# 64 x SWAP_AB_TWIN_BLOCK_N, unsplit, in one wave, at m <= SWAP_AB_TWIN_MAX_M
+# gives way to the swap-AB kernel's 8 x (2 * SWAP_AB_TWIN_BLOCK_N) tile with
+# K split over a CTA pair (the same CTAs, the same bytes per CTA, half the
+# WGMMAs, each m64n8k32 instead of m64n32k32) when each CTA still has at
+# least SWAP_AB_TWIN_MIN_KB K blocks.  Measured on the H200 at 4096x7168
+# (benches/RESULTS.md v0.16 and v0.17): 15-17 % faster at M <= 8 after a
+# clean L2, within +-1.3 % after the benches' dirty flush; at M = 16-32 it
+# loses 3-8 % after the dirty flush, and the other (N, K) pairs either do not
+# have that pick or were measured no faster, so only this family is switched.
+SWAP_AB_TWIN_MAX_M = 8
+SWAP_AB_TWIN_BLOCK_N = 32
+SWAP_AB_TWIN_MIN_KB = 16
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -886,7 +899,36 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit):
                          f"(the smallest tile, 64x8 with {_min_stages(64, 8)} stages, needs "
                          f"{smem_size(64, 8, _min_stages(64, 8), k)} bytes)")
     ranked.sort(key=lambda e: e[0])
-    return tuple((key[0], cfg) for key, cfg in ranked)
+    out = tuple((key[0], cfg) for key, cfg in ranked)
+    twin = _swap_ab_twin(kind, m, n, k, out[0][1], num_sms, smem_limit)
+    return out if twin is None else ((out[0][0], twin),) + out
+
+
+def _swap_ab_twin(kind: str, m: int, n: int, k: int, pick: GemmConfig, num_sms: int,
+                  smem_limit: int) -> GemmConfig | None:
+    """The swap-AB config that replaces the cost model's ``pick`` (see
+    :data:`SWAP_AB_TWIN_MAX_M`), or None: ``pick`` a one-wave, unsplit,
+    one-math-warpgroup ``64 x SWAP_AB_TWIN_BLOCK_N`` tile of a normal GEMM
+    with 1 <= ``m`` <= SWAP_AB_TWIN_MAX_M, and its twin -- tokens 8, weight
+    rows 2 * BLOCK_N, K split over a CTA pair, the most stages that fit (at
+    most SWAP_AB_MAX_STAGES) -- legal, in one wave, with at least
+    SWAP_AB_TWIN_MIN_KB K blocks per CTA.  The ranking gives the twin the
+    pick's score (the cost model does not model the swap-AB kernel)."""
+    if (kind != "normal" or not 1 <= m <= SWAP_AB_TWIN_MAX_M or pick.block_m != 64
+            or pick.block_n != SWAP_AB_TWIN_BLOCK_N or pick.num_math_warpgroups != 1
+            or pick.num_multicast != 1 or pick.num_k_splits != 1
+            or _ceil_div(n, pick.block_n) > pick.num_sms):
+        return None
+    bn, splits = 2 * pick.block_n, 2
+    if _ceil_div(k, BLOCK_K) // splits < SWAP_AB_TWIN_MIN_KB:
+        return None
+    stages = swap_ab_max_stages(8, bn, k, smem_limit, num_k_splits=splits)
+    ctas = _ceil_div(n, bn) * splits
+    if not stages or ctas > num_sms:
+        return None
+    twin = make_config("normal", 8, bn, stages, k, num_k_splits=splits, num_sms=ctas, swap_ab=True)
+    ok, _ = is_legal(twin, k=k, available_sms=num_sms, smem_limit=smem_limit)
+    return twin if ok else None
 
 
 def _short_k_stages(kind: str, m: int, bm: int, bn: int, k: int, splits: int, stages: int) -> int:

@@ -339,7 +339,9 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
   using T = GemmTraits<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, kNumStages, kNumMulticast, kMulticastOnA,
                        kSwizzleDBytes, kGemmType, kNumGroups, kNumKSplits, kNumMathWGs, kAIn>;
   using Smem = typename T::Smem;
-  using Scheduler = TileScheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, kNumMulticast, kMulticastOnA, kNumGroups>;
+  // Tiles wider than tall walk M fastest (scheduler.cuh, kRasterM).
+  using Scheduler = TileScheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, kNumMulticast, kMulticastOnA, kNumGroups,
+                                  (BLOCK_N > BLOCK_M)>;
   constexpr uint32_t kNumKBlocks = T::kNumKBlocks;
   constexpr uint32_t kNumAccum = T::kNumAccum;
   constexpr uint32_t kWaves = T::kWaves;

@@ -25,6 +25,16 @@
 // band the index walks N fastest, so one wave of CTAs touches a few A row-panels
 // and at most kBandN B column-panels, which stay L2-resident (the CUTLASS /
 // DeepGEMM "grouped rasterisation", deep_gemm/include/deep_gemm/scheduler.cuh).
+// With kRasterM (the 1D2D kernel sets it for tiles wider than tall, BLOCK_N >
+// BLOCK_M) the roles swap: bands of kBandM cluster-rows, walking M fastest.
+// Measured on the H200 (benches/RESULTS.md v0.17; tools/perf/variant_sweep.py
+// with benches/experiments/v0.17/plan_band.json): 128x192 tiles
+// 3.5-5.2 % faster on the contiguous layout at K = 2048 (with and without A
+// multicast) and 1.9 % on the normal 4096x2112x7168; 256x128 tiles were
+// 0.5 % faster to 5.4 % slower (4096x32768x512), so they keep the N bands.
+// (DeepGEMM groups along M without multicast on A, along N with it, 8 or 16
+// blocks by a footprint rule; bands of 16 or 8 n-blocks with A multicast
+// measured within +-1 % of these.)
 #pragma once
 #include "common.cuh"
 
@@ -33,13 +43,14 @@ namespace cugemm8 {
 enum GemmType : uint32_t { kNormal = 0, kGroupedContiguous = 1, kGroupedMasked = 2, kGroupedK = 3 };
 
 template <uint32_t kGemmType, uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N,
-          uint32_t kNumMulticast, bool kMulticastOnA, uint32_t kNumGroups>
+          uint32_t kNumMulticast, bool kMulticastOnA, uint32_t kNumGroups, bool kRasterM = false>
 struct TileScheduler {
   static constexpr uint32_t kNumNBlocks = ceil_div(SHAPE_N, BLOCK_N);
   static constexpr uint32_t kPairN = (kNumMulticast == 2 && kMulticastOnA) ? 2 : 1;
   static constexpr uint32_t kPairM = (kNumMulticast == 2 && !kMulticastOnA) ? 2 : 1;
   static constexpr uint32_t kNumClusterN = ceil_div(kNumNBlocks, kPairN);
   static constexpr uint32_t kBandN = 16;
+  static constexpr uint32_t kBandM = 8;
   static constexpr uint32_t kMPasses = (kGemmType == kGroupedContiguous && BLOCK_M == 256) ? 2 : 1;
   static_assert(kGemmType != kGroupedMasked || kPairM == 1, "masked GEMMs multicast A only");
   static_assert(kGemmType != kGroupedContiguous || kPairM == 1, "contiguous GEMMs multicast A only");
@@ -118,12 +129,21 @@ struct TileScheduler {
         ct -= t.group * per_group;
       }
       if (ct >= num_cluster_m * kNumClusterN) return false;
-      const uint32_t band = ct / (kBandN * num_cluster_m);
-      const uint32_t band_start = band * kBandN;
-      const uint32_t width = constexpr_min(kBandN, kNumClusterN - band_start);
-      const uint32_t in_band = ct - band * kBandN * num_cluster_m;
-      mc = in_band / width;
-      nc = band_start + in_band % width;
+      if constexpr (kRasterM) {
+        const uint32_t band = ct / (kBandM * kNumClusterN);
+        const uint32_t band_start = band * kBandM;
+        const uint32_t width = min(kBandM, num_cluster_m - band_start);
+        const uint32_t in_band = ct - band * kBandM * kNumClusterN;
+        nc = in_band / width;
+        mc = band_start + in_band % width;
+      } else {
+        const uint32_t band = ct / (kBandN * num_cluster_m);
+        const uint32_t band_start = band * kBandN;
+        const uint32_t width = constexpr_min(kBandN, kNumClusterN - band_start);
+        const uint32_t in_band = ct - band * kBandN * num_cluster_m;
+        mc = in_band / width;
+        nc = band_start + in_band % width;
+      }
       t.valid_m = shape_m;
     }
     t.m_block = mc * kPairM + (kPairM == 2 ? rank : 0);

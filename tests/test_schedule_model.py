@@ -26,6 +26,7 @@ from hypothesis import example, given, settings, strategies as st
 from cugemm8 import _config
 
 BAND_N = 16          # scheduler.cuh kBandN
+BAND_M = 8           # scheduler.cuh kBandM (kRasterM: the 1D2D kernel's tiles with BLOCK_N > BLOCK_M)
 
 
 def _cdiv(a, b):
@@ -61,11 +62,18 @@ def schedule(kind, m, n, bm, bn, grid, mc=1, on_a=False, splits=1):
                 ct -= p * per_pass
             if ct >= cluster_m * cluster_n:
                 break
-            band = ct // (BAND_N * cluster_m)
-            start = band * BAND_N
-            width = min(BAND_N, cluster_n - start)
-            in_band = ct - band * BAND_N * cluster_m
-            mcl, ncl = in_band // width, start + in_band % width
+            if bn > bm:          # kRasterM: bands of cluster-rows, M fastest
+                band = ct // (BAND_M * cluster_n)
+                start = band * BAND_M
+                width = min(BAND_M, cluster_m - start)
+                in_band = ct - band * BAND_M * cluster_n
+                ncl, mcl = in_band // width, start + in_band % width
+            else:
+                band = ct // (BAND_N * cluster_m)
+                start = band * BAND_N
+                width = min(BAND_N, cluster_n - start)
+                in_band = ct - band * BAND_N * cluster_m
+                mcl, ncl = in_band // width, start + in_band % width
             mb = mcl * pair_m + (rank if pair_m == 2 else 0)
             nb = ncl * pair_n + (rank if pair_n == 2 else 0)
             yield cta, mb, nb, p, (mb >= num_m or nb >= num_n)
@@ -98,7 +106,7 @@ def row_offsets(bm):
 
 @settings(max_examples=60, deadline=None)
 @given(m=st.integers(1, 3000), n=st.integers(8, 2000), bm=st.sampled_from([64, 128, 256]),
-       bn=st.sampled_from([16, 64, 112, 128, 160]), grid=st.integers(1, 140),
+       bn=st.sampled_from([16, 64, 112, 128, 160, 192]), grid=st.integers(1, 140),
        mc=st.sampled_from([(1, False), (2, True), (2, False)]))
 def test_every_tile_exactly_once(m, n, bm, bn, grid, mc):
     mc, on_a = mc
@@ -130,7 +138,7 @@ def _layout(draw_sizes, bad_block):
 
 @settings(max_examples=80, deadline=None)
 @given(sizes=st.lists(st.sampled_from([0, 1, 100, 128, 129, 256, 300, 384, 640]), min_size=1, max_size=9),
-       bm=st.sampled_from([64, 128, 256]), bn=st.sampled_from([64, 128]), grid=st.integers(1, 50),
+       bm=st.sampled_from([64, 128, 256]), bn=st.sampled_from([64, 128, 192]), grid=st.integers(1, 50),
        tail=st.integers(0, 127), bad=st.one_of(st.none(), st.integers(0, 1000)),
        multicast_a=st.booleans())
 @example(sizes=[128, 384, 0, 200, 256, 1, 129, 640], bm=256, bn=128, grid=7, tail=0, bad=None,

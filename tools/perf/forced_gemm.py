@@ -7,7 +7,9 @@ A config is 'BMxBN sS' with an optional ' c2' / ' c2A' (multicast A) or
 Each config runs RUNS times (default 3) and is then checked against the
 float64 reference.  With VARIANT=PLAN.json:NAME the kernel is that
 ``tools/perf/variant_sweep.py`` plan variant's source (an ``unchecked``
-probe's diff is large by design)."""
+probe's diff is large by design); with VARIANT_TREES=DIR as well, the tree
+is DIR/NAME, so kernels a variant_sweep.py run compiled there come from
+CuPy's cache."""
 import os
 import sys
 
@@ -28,14 +30,13 @@ variant_ctx = None
 if os.environ.get("VARIANT"):
     import contextlib
     import json
-    import tempfile
     from pathlib import Path
     sys.path.insert(2, "tools/perf")
     from cugemm8 import _jit  # noqa: E402
-    from variant_sweep import make_tree, variant  # noqa: E402
+    from variant_sweep import make_tree, trees_dir, variant  # noqa: E402
     plan_path, name = os.environ["VARIANT"].rsplit(":", 1)
     spec = json.loads(Path(plan_path).read_text())["variants"][name]
-    tree = make_tree(_jit.cuda_src_dir(), spec, Path(tempfile.mkdtemp()) / name)
+    tree = make_tree(_jit.cuda_src_dir(), spec, trees_dir("cugemm8_variant_") / name)
     variant_ctx = variant(tree, spec)
     variant_ctx.__enter__()
 for text in sys.argv[4:]:

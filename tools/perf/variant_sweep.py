@@ -28,13 +28,16 @@ what DeepGEMM's ``bench_kineto`` reports).  The switches the v0.4 experiments
 used are in git (``git show
 35b25a1:benches/results/variants_v0.4/experiment_switches.patch``); the
 patch applies to commit 690ab92's ``cuda_src/`` (check that tree out to try
-them again).  Prints one line per (case, variant).
+them again).  Prints one line per (case, variant).  With ``VARIANT_TREES=DIR`` the
+variant trees are kept in DIR (see :func:`trees_dir`), so a later process
+(``forced_gemm.py`` with ``VARIANT=``) reuses the kernels compiled here.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import os
 import re
 import shutil
 import sys
@@ -58,7 +61,21 @@ from sweep_configs import parse_config  # noqa: E402
 KERNEL = "fp8_gemm_1d2d.cuh"
 
 
+def trees_dir(prefix: str) -> Path:
+    """Where the variant trees go: ``$VARIANT_TREES`` when set (a fixed
+    path, so that CuPy's kernel cache, whose key includes the include path,
+    serves the same variant to later processes: ``forced_gemm.py`` under
+    ncu, a second script), else a fresh temporary directory."""
+    fixed = os.environ.get("VARIANT_TREES")
+    if fixed:
+        Path(fixed).mkdir(parents=True, exist_ok=True)
+        return Path(fixed)
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
 def make_tree(base: Path, spec: dict, dest: Path) -> Path:
+    if dest.exists():
+        shutil.rmtree(dest)
     shutil.copytree(Path(spec["root"]) if "root" in spec else base, dest)
     path = dest / KERNEL
     text = path.read_text()
@@ -148,7 +165,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     plan = json.loads(Path(args.plan).read_text())
     base = _jit.cuda_src_dir()
-    tmp = Path(tempfile.mkdtemp(prefix="cugemm8_variants_"))
+    tmp = trees_dir("cugemm8_variants_")
     trees = {name: make_tree(base, spec, tmp / name) for name, spec in plan["variants"].items()}
     num_sms = cp.cuda.Device().attributes["MultiProcessorCount"]
 
@@ -225,7 +242,8 @@ def main(argv=None) -> int:
         common.release_memory()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
-    shutil.rmtree(tmp, ignore_errors=True)
+    if not os.environ.get("VARIANT_TREES"):
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

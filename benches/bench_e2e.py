@@ -5,7 +5,7 @@ quantise + GEMM call against two launches with and without programmatic
 dependent launch (PDL) and DeepGEMM's pair; and a two-GEMM MLP chain.
 
     python benches/bench_e2e.py [--ms 1,8,32,64,128] [--chain-ms 1,8,64] [--reps 30] [--passes 2]
-                                [--deepgemm] [--quick] [--json OUT]
+                                [--deepgemm] [--quick] [--one-kernel-rows N] [--json OUT]
 
 Every time is a span (``common.kernel_spans``: CUPTI through torch.profiler,
 from the start of a repetition's first kernel to the end of its last, so the
@@ -25,7 +25,10 @@ with bf16 activations x [M, K] (normal) and FP8 weights from
   when the per-token quantiser is its prologue and the GEMM its
   programmatic dependent);
 * ``fused 2K``: the same call with the two-kernel form forced (rows where
-  the pick is ``1K``; ``2K/1K`` is its time over the pick's);
+  the pick is ``1K``; ``2K/1K`` is its time over the pick's); with
+  ``--one-kernel-rows N`` (a probe: ``cugemm8.quant.ONE_KERNEL_MAX_M``
+  replaced for the run) every pick that has a one-kernel form takes it up to
+  N rows, to measure that form where the library's rule keeps two kernels;
 * ``2-launch``: ``per_token_cast_to_fp8(x)`` then ``gemm_fp8_fp8_bf16_nt``,
   ``cugemm8.set_pdl(False)``; ``2L+pdl``: the same with ``set_pdl(True)``;
 * ``DG pair`` (``--deepgemm``, DeepGEMM on PYTHONPATH,
@@ -466,7 +469,11 @@ def main(argv=None) -> int:
                         dg_help="time DeepGEMM's pair (importable deep_gemm) beside")
     p.add_argument("--chain-ms", default=",".join(map(str, CHAIN_MS)), help="M values of the MLP chain")
     p.add_argument("--quick", action="store_true", help="M 1 and 64, two (N, K), 5 reps, one pass")
+    p.add_argument("--one-kernel-rows", type=int, default=None, metavar="N",
+                   help="probe: the one-kernel form for every pick that has one, up to N rows (at most 8)")
     args = p.parse_args(argv)
+    if args.one_kernel_rows is not None and not 0 <= args.one_kernel_rows <= 8:
+        p.error("--one-kernel-rows must be in [0, 8] (the kernels' limit: _config.QUANT_A_MAX_ROWS)")
 
     reason = cli.gpu_reason()
     if reason is not None:
@@ -474,6 +481,10 @@ def main(argv=None) -> int:
         return 2                      # as bench_decode.py and `cugemm8 check` without a GPU
     import cupy as cp
     import cugemm8
+    if args.one_kernel_rows is not None:
+        rows = args.one_kernel_rows
+        cugemm8.quant.ONE_KERNEL_MAX_M = {2: ((8, rows),), 4: ((8, rows),)}
+        print(f"probe: the one-kernel form for every pick that has one, up to {rows} rows")
     ms = [int(v) for v in args.ms.split(",") if v]
     chain_ms = [int(v) for v in args.chain_ms.split(",") if v]
     nks = list(DEEPSEEK_NK[:6])
@@ -494,6 +505,7 @@ def main(argv=None) -> int:
     _precompile(cugemm8, gemm_shapes + chain_shapes)
 
     meta = {"cugemm8": cugemm8.__version__, "timer": timer, "reps": args.reps, "passes": args.passes,
+            "one_kernel_rows": args.one_kernel_rows,
             "flush_mb": common.FLUSH_BYTES >> 20, "torch": common.torch_version(),
             "deepgemm": dg is not None, "check_limit": CHECK_LIMIT}
     records, chains = [], []

@@ -76,4 +76,22 @@ __device__ __forceinline__ void warp_copy_f32(float* dst, const float* __restric
   __syncwarp();
 }
 
+// Bits of the GEMM kernels' `flags` argument (fp8_gemm_1d2d.cuh,
+// fp8_gemm_swap_ab.cuh).
+// (Bit 0 was kFlagEarlyB, v0.9: the producer streamed the first tile's B
+// before griddepcontrol.wait behind cugemm8's own quantiser.  It gained
+// nothing measurable and its run-time branch in the producer's K loop cost
+// 1.2-1.4 us on the 64x32 s16 decode kernels; removed in v0.10,
+// benches/RESULTS.md.)
+// kFlagBEvictFirst: B's loads carry an L2 evict-first hint.  Set by the host
+// when each B tile is read by at most a few CTAs close together in time
+// (gemm.py b_evict_first: decode-sized M), so B's lines, read
+// once, replace one another in L2 instead of what else L2 holds; with the
+// benches' L2 flush that is dirty data, whose write-back plain loads pay
+// for (benches/RESULTS.md v0.10: the decode GEMMs 1-11 % faster).
+constexpr uint32_t kFlagBEvictFirst = 2u;
+// kFlagAPow2Scale: with A quantised in the kernel (quant_a.cuh), round each activation scale up to a
+// power of two (per_token_cast_to_fp8's pow2_scale).
+constexpr uint32_t kFlagAPow2Scale = 4u;
+
 }  // namespace cugemm8

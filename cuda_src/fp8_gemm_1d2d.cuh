@@ -35,6 +35,7 @@
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
 #include "quant.cuh"
+#include "quant_a.cuh"
 #include "scheduler.cuh"
 
 namespace cugemm8 {
@@ -81,10 +82,9 @@ __device__ __forceinline__ void dispatch_num_former(uint32_t n0, F&& f) {
 // must implement the same formula: the launch asks for _config's number of
 // bytes, so a drift would under-allocate (tests/test_config.py pins the formula).
 // kQuantAXBytes: 0, or the element size of the float activations the kernel
-// quantises itself ("Quantising A in the kernel" below): then a stage's A
-// payload holds only kQuantARows rows (its WGMMA descriptor repeats them over
-// the 64-row tile) and each stage also has a slot for those rows of x.
-constexpr uint32_t kQuantARows = 8;
+// quantises itself (quant_a.cuh): then a stage's A payload holds only
+// kQuantARows rows (its WGMMA descriptor repeats them over the 64-row tile)
+// and each stage also has a slot for those rows of x.
 
 template <uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages, uint32_t kNumKSplits,
           uint32_t kNumMathWGs, uint32_t kQuantAXBytes = 0>
@@ -124,17 +124,9 @@ struct SmemLayout {
   static_assert((kQuantA ? 3u : 2u) * kNumStages * 8u <= kBarBytes, "barrier reserve holds at most 16 stages");
 };
 
-// What A is (the kernel's last template argument, kAIn):
-//   kAInFp8: e4m3 payload and its 1x128 scales, both loaded by TMA (tmap_a,
-//            tmap_sfa) -- every GEMM op;
-//   kAInFloat32 / kAInFloat16 / kAInBFloat16 (1 + quant InDtype): the float
-//            activations x themselves, quantised inside this kernel
-//            (gemm_fp8's one-kernel bf16-in form; "Quantising A in the
-//            kernel" below).
-constexpr uint32_t kAInFp8 = 0;
-constexpr uint32_t kAInFloat32 = 1 + static_cast<uint32_t>(InDtype::kFloat32);
-constexpr uint32_t kAInFloat16 = 1 + static_cast<uint32_t>(InDtype::kFloat16);
-constexpr uint32_t kAInBFloat16 = 1 + static_cast<uint32_t>(InDtype::kBFloat16);
+// What A is (the kernel's last template argument, kAIn): kAInFp8 (an e4m3
+// payload and its scales, loaded by TMA) or the float activations x,
+// quantised inside this kernel (quant_a.cuh).
 
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages,
           uint32_t kNumMulticast, bool kMulticastOnA, uint32_t kSwizzleDBytes, uint32_t kGemmType,
@@ -255,56 +247,16 @@ struct GemmTraits {
                 "A quantised in the kernel: normal GEMM, BLOCK_M 64, one math warpgroup, no multicast");
 };
 
-// Bits of the kernel's `flags` argument.
-// (Bit 0 was kFlagEarlyB, v0.9: the producer streamed the first tile's B
-// before griddepcontrol.wait behind cugemm8's own quantiser.  It gained
-// nothing measurable and its run-time branch in the producer's K loop cost
-// 1.2-1.4 us on the 64x32 s16 decode kernels; removed in v0.10,
-// benches/RESULTS.md.)
-// kFlagBEvictFirst: B's loads carry an L2 evict-first hint.  Set by the host
-// when each B tile is read by at most a few CTAs close together in time
-// (gemm.py b_evict_first: decode-sized M, K >= 1536), so B's lines, read
-// once, replace one another in L2 instead of what else L2 holds; with the
-// benches' L2 flush that is dirty data, whose write-back plain loads pay
-// for (benches/RESULTS.md v0.10: the decode GEMMs 1-11 % faster).
-constexpr uint32_t kFlagBEvictFirst = 2u;
-// kFlagAPow2Scale: with kAIn != kAInFp8, round each activation scale up to a
-// power of two (per_token_cast_to_fp8's pow2_scale).
-constexpr uint32_t kFlagAPow2Scale = 4u;
+// Bits of the kernel's `flags` argument: common.cuh (kFlagBEvictFirst, kFlagAPow2Scale).
 
 // Quantising A in the kernel (kAIn != kAInFp8; cugemm8.gemm_fp8's one-kernel
-// bf16-in form for decode-sized M, at most kQuantARows = 8 rows).  Each stage
+// bf16-in form for decode-sized M, at most kQuantARows = 8 rows): each stage
 // holds, beside B, an 8-row e4m3 payload (1 KB, its WGMMA descriptor's
 // 8-row-group stride 0, so the 64-row MMA reads those 8 rows eight times:
 // rows >= 8 of the accumulator repeat rows 0-7 and are never stored), its
-// scales, and a slot for the same rows of the float activations x.  One of
-// kNumConverterWarps otherwise idle warps of the producer warpgroup owns each
-// stage (warp 1 + stage % 3, so it waits on every phase of the stage's
-// barriers in order).  It loads x's [rows, 128] box of a K block into the
-// slot with TMA (tmap_a maps x; no swizzle, K tail zero-filled) a whole ring
-// lap before that block is due, as soon as it has converted the slot's
-// previous block; once the math warpgroup has released the stage (its empty
-// barrier), it quantises the rows with the per-token cast's own device
-// functions (quant.cuh: 1x128 amax, exact scale and quotient,
-// kQuantAMinAmax), writes the payload with the 128-byte swizzle TMA would
-// have used and the scales into the stage's SFA slots, fences them to the
-// async proxy and arrives on the stage's full barrier, which also waits for
-// the producer's arrival and B's bytes.  So the conversion runs while B's
-// load for the same stage is in flight, not after it.  The math warpgroup
-// is unchanged, and the payload and scales it reads are bit for bit what
-// per_token_cast_to_fp8 would have written, so the output equals that cast
-// followed by this GEMM.  Every CTA converts the A rows of its own K blocks,
-// so the host uses this form only for a few rows (cugemm8/quant.py).
-// History: v0.9's converters loaded x from global memory themselves, stage by
-// stage (2.3-40x slower than a separate quantiser: a full memory latency per
-// stage in series); a first v0.14 form loaded x with B into the stage's A
-// region, which put the conversion's latency into every stage's turn around
-// the ring (1.0-1.2x the two-kernel form at M <= 2, far slower from M = 4 on:
-// benches/RESULTS.md v0.14).
-constexpr uint32_t kNumConverterWarps = 3;
-// per_token_cast_to_fp8's default min_amax (cugemm8/quant.py _DEFAULT_MIN_AMAX), the
-// only one gemm_fp8 uses.
-constexpr float kQuantAMinAmax = 1e-4f;
+// scales, and a slot for the same rows of x, which warps 1 ..
+// kNumConverterWarps of the producer warpgroup quantise (quant_a.cuh,
+// QuantAConverter).
 
 // Arguments:
 //   shape_m        rows of A / D (normal), m_sum (contiguous) or m_max (masked)
@@ -530,26 +482,12 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
     }
     if constexpr (T::kQuantA) {
       // -------------------------------------------------------------- converters
-      // Warps 1 .. kNumConverterWarps of the producer warpgroup ("Quantising A
-      // in the kernel" above); warp 1 + stage % kNumConverterWarps owns a
-      // stage.  Block j is this CTA's j-th K block (its tiles' K blocks in
-      // order; every tile has the same K range, so block j is K block
-      // kb_begin + j % kb_count).  Lanes kLanesPerRow apart take consecutive
-      // rows, each lane one 16-byte piece (InTraits::kVec elements) of its
-      // row: the per-token cast's own split (kLanesPerGroup), so its
-      // butterfly gives the row's amax.  A step converts kRowsPerStep rows;
-      // two steps run side by side where there are two (their chains
-      // interleave), never a step of no rows (the conversion is bound by the
-      // warp's issue and conversion rate, not by latency: benches/RESULTS.md v0.14).
+      // Warps 1 .. kNumConverterWarps of the producer warpgroup (quant_a.cuh);
+      // warp 1 + stage % kNumConverterWarps owns a stage.  Block j is this
+      // CTA's j-th K block (its tiles' K blocks in order; every tile has the
+      // same K range, so block j is K block kb_begin + j % kb_count).
       const uint32_t cw = (threadIdx.x - producer_leader) / 32;
       if (cw >= 1 && cw <= kNumConverterWarps) {
-        using Q = quant::InTraits<T::kXDtype>;
-        constexpr uint32_t kLanesPerRow = 128 / Q::kVec;        // 16 (16-bit x) or 32 (float32)
-        constexpr uint32_t kRowsPerStep = 32 / kLanesPerRow;
-        const uint32_t lane = threadIdx.x % 32, sub = lane / kLanesPerRow, piece = lane % kLanesPerRow;
-        const uint32_t owner = cw - 1;
-        const bool pow2 = (flags & kFlagAPow2Scale) != 0;
-        const uint32_t rows = a_box_rows;     // one M block (host: m <= kQuantARows)
         uint32_t num_blocks = 0;
         while (scheduler.next(tile)) num_blocks += kb_count;
         // Load x's box of block j into its stage's slot (lane 0).
@@ -558,92 +496,9 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
           mbarrier_arrive_expect_tx(x_full_bar + s, x_box_bytes);
           tma_load_3d(smem_x(s), &tmap_a, x_full_bar + s, static_cast<int32_t>((kb_begin + j % kb_count) * 128u), 0, 0);
         };
-        if (lane == 0) {
-          for (uint32_t j = owner; j < kNumStages && j < num_blocks; j += kNumConverterWarps) load_x(j);
-        }
-        // kPar steps from row r0 of the stage's slot into its payload and scales.
-        auto convert = [&](auto par_tag, uint32_t stage, uint32_t r0) {
-          constexpr uint32_t kPar = decltype(par_tag)::value;
-          const uint32_t x_s = smem_addr(smem_x(stage));
-          uint32_t raw[kPar][4], q[kPar][Q::kVec / 4], amax[kPar];
-          float scale[kPar];
-          bool finite[kPar];
-          bool any_nonfinite = false;
-          #pragma unroll
-          for (uint32_t h = 0; h < kPar; ++h) {
-            const uint32_t r = r0 + h * kRowsPerStep + sub;
-            #pragma unroll
-            for (uint32_t w = 0; w < 4; ++w) raw[h][w] = 0u;
-            if (r < rows) ld_shared_v4(raw[h], x_s + r * 128u * T::kXBytes + piece * 16u);
-            amax[h] = quant::abs_max_bits<T::kXDtype>(raw[h], 0u);
-          }
-          #pragma unroll
-          for (uint32_t off = kLanesPerRow / 2; off > 0; off /= 2) {
-            #pragma unroll
-            for (uint32_t h = 0; h < kPar; ++h) amax[h] = max(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], off));
-          }
-          #pragma unroll
-          for (uint32_t h = 0; h < kPar; ++h) {
-            float sc = quant::amax_to_scale<false>(quant::abs_bits_to_f32_bits<T::kXDtype>(amax[h]), kQuantAMinAmax);
-            if (pow2) sc = __uint_as_float(quant::round_up_pow2_bits(__float_as_uint(sc)));
-            scale[h] = sc;
-            finite[h] = __float_as_uint(sc) < 0x7f800000u;
-            any_nonfinite |= !finite[h];
-            // A non-finite scale's reciprocal would be garbage: 1 stands in,
-            // and its bytes are replaced below.
-            quant::quantize<T::kXDtype>(raw[h], quant::scaled_reciprocal(finite[h] ? sc : 1.0f), q[h]);
-          }
-          // NaN / Inf rows (rare): their bytes from the integer-only path.
-          if (__any_sync(0xffffffffu, any_nonfinite)) {
-            #pragma unroll
-            for (uint32_t h = 0; h < kPar; ++h) {
-              if (!finite[h]) quant::quantize_nonfinite<T::kXDtype>(raw[h], scale[h], q[h]);
-            }
-          }
-          const uint32_t a_s = smem_addr(smem_a(stage));
-          float* sfa_s = const_cast<float*>(smem_sfa(stage));
-          #pragma unroll
-          for (uint32_t h = 0; h < kPar; ++h) {
-            const uint32_t r = r0 + h * kRowsPerStep + sub;
-            if (r < rows) {
-              // Byte piece * kVec of row r, under the 128-byte swizzle TMA
-              // would have applied (16-byte chunk c of row r at c ^ (r % 8)).
-              const uint32_t col = piece * Q::kVec;
-              const uint32_t off = r * 128u + (((col / 16u) ^ (r % 8u)) << 4) + col % 16u;
-              if constexpr (Q::kVec == 8) {
-                st_shared_v2_u32(a_s + off, q[h][0], q[h][1]);
-              } else {
-                st_shared_u32(a_s + off, q[h][0]);
-              }
-              if (piece == 0) sfa_s[r] = scale[h];
-            }
-          }
-        };
-        PipeState<kNumStages> pipe;
-        #pragma unroll 1
-        for (uint32_t j = 0; j < num_blocks; ++j, pipe.advance()) {
-          const uint32_t stage = pipe.stage;
-          if (stage % kNumConverterWarps != owner) continue;
-          mbarrier_wait(x_full_bar + stage, pipe.phase);        // x's box of block j
-          mbarrier_wait(empty_bar + stage, pipe.phase ^ 1);     // the math warpgroup released the stage
-          #pragma unroll 1
-          for (uint32_t r0 = 0; r0 < rows;) {
-            if (rows - r0 > kRowsPerStep) {
-              convert(UConst<2>{}, stage, r0);
-              r0 += 2 * kRowsPerStep;
-            } else {
-              convert(UConst<1>{}, stage, r0);
-              r0 += kRowsPerStep;
-            }
-          }
-          fence_proxy_async_smem();   // the payload, to WGMMA's async proxy
-          __syncwarp();               // and every lane's reads of the slot done
-          if (lane == 0) {
-            mbarrier_arrive(full_bar + stage);
-            // The slot is free: x's box of the stage's next block, a lap ahead.
-            if (j + kNumStages < num_blocks) load_x(j + kNumStages);
-          }
-        }
+        QuantAConverter<T::kXDtype, kNumStages>::run(cw - 1, num_blocks, a_box_rows, (flags & kFlagAPow2Scale) != 0,
+                                                     full_bar, empty_bar, x_full_bar, smem_x, smem_a, smem_sfa,
+                                                     load_x);
       }
     }
   } else {

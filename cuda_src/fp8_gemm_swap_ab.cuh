@@ -38,7 +38,12 @@
 //   tiles into rank 0's shared memory (st.async, completing on an mbarrier),
 //   rank 0 adds them in rank order and stores the tile;
 // * epilogue: BF16 stores straight from the accumulators, bounds-checked
-//   per element (a few KB per tile at these sizes).
+//   per element (a few KB per tile at these sizes);
+// * with kAIn != kAInFp8 (a token tile of 8), the float activations x are
+//   quantised in the kernel by three converter warps beside the producer
+//   (quant_a.cuh: gemm_fp8's one-kernel form), bit for bit as
+//   per_token_cast_to_fp8 would, so the output equals that cast followed by
+//   this kernel.
 #pragma once
 #include "common.cuh"
 #include "pipeline.cuh"
@@ -47,19 +52,25 @@
 #include "ptx/sync.cuh"
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
+#include "quant_a.cuh"
 #include "scheduler.cuh"
 
 namespace cugemm8 {
 
 // Shared memory of one configuration; cugemm8/_config.py:swap_ab_smem_size
-// implements the same formula (tests/test_config.py pins it).
-template <uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages, uint32_t kNumKSplits>
+// implements the same formula (tests/test_config.py pins it).  kQuantAXBytes:
+// 0, or the element size of the float activations quantised in the kernel
+// (quant_a.cuh): then each stage also has a slot for the token tile's rows
+// of x, and an x_full barrier.
+template <uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages, uint32_t kNumKSplits,
+          uint32_t kQuantAXBytes = 0>
 struct SwapABSmem {
   static constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, 128u);
   static constexpr uint32_t kWaves = BLOCK_N / 64;
   static constexpr uint32_t kB = BLOCK_N * 128u;                 // (BLOCK_N, 128) e4m3: the MMA's A
   static constexpr uint32_t kA = BLOCK_M * 128u;                 // (BLOCK_M, 128) e4m3: the MMA's B
   static constexpr uint32_t kSFA = align_up(BLOCK_M * 4u, 128u); // (BLOCK_M,) f32
+  static constexpr uint32_t kX = BLOCK_M * 128u * kQuantAXBytes;  // (BLOCK_M, 128) of x, or nothing
   // Rows of B scales a tile reads: a 64-row wave never straddles a 128-row
   // block (n0 is a multiple of 64), so BLOCK_N / 128 rows, one more when
   // BLOCK_N is an odd multiple of 64 (192: n0 % 128 is 0 or 64).
@@ -73,11 +84,13 @@ struct SwapABSmem {
   static constexpr uint32_t kOffB = 0;
   static constexpr uint32_t kOffA = kOffB + kNumStages * kB;
   static constexpr uint32_t kOffSFA = kOffA + kNumStages * kA;
-  static constexpr uint32_t kOffSFB = kOffSFA + kNumStages * kSFA;
+  static constexpr uint32_t kOffX = kOffSFA + kNumStages * kSFA;
+  static constexpr uint32_t kOffSFB = kOffX + kNumStages * kX;
   static constexpr uint32_t kOffRed = kOffSFB + kSFB;
   static constexpr uint32_t kOffBar = kOffRed + kRed;
-  // full and empty per stage, then the exchange's red_full / red_empty
-  static constexpr uint32_t kTotal = kOffBar + (2u * kNumStages + 2u) * 8u;
+  // full and empty per stage, then the exchange's red_full / red_empty, then
+  // (x quantised in the kernel) x_full per stage
+  static constexpr uint32_t kTotal = kOffBar + ((kQuantAXBytes ? 3u : 2u) * kNumStages + 2u) * 8u;
 };
 
 // Arguments (the 1D2D kernel's list, so the host builds both alike):
@@ -86,23 +99,30 @@ struct SwapABSmem {
 //               min(M, BLOCK_M).  Token columns of a stage past the box keep
 //               stale values; they reach only accumulator columns >= M,
 //               which are never stored.
-//   flags       kFlagBEvictFirst (fp8_gemm_1d2d.cuh's bit 2) or 0
+//   flags       kFlagBEvictFirst and kFlagAPow2Scale (common.cuh) or 0
 //   sfb         B scales, row-major [ceil(N/128), ceil(K/128)] f32
 //   unused      (the 1D2D kernel's grouped_layout)
 //   d_ptr, ld_d D and its row stride in elements
-//   tmap_a      A   as (K, M, 1) u8,  box (128, a_box_rows, 1), 128B swizzle
+//   tmap_a      A   as (K, M, 1) u8,  box (128, a_box_rows, 1), 128B swizzle;
+//               with kAIn != kAInFp8 the activations x as (K_x, M, 1) of their
+//               float type, box (128, a_box_rows, 1), no swizzle (tmap_sfa is
+//               then unused)
 //   tmap_b      B   as (K, N, 1) u8,  box (128, BLOCK_N, 1), 128B swizzle
 //   tmap_sfa    SFA as (M, K/128, 1) f32 (MN-major), box (align4(a_box_rows), 1, 1)
 //   unused_map  (the 1D2D kernel's tmap_d)
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumStages,
-          uint32_t kNumKSplits>
-__global__ void __launch_bounds__(160, 1) __cluster_dims__(kNumKSplits, 1, 1)
+          uint32_t kNumKSplits, uint32_t kAIn = kAInFp8>
+__global__ void __launch_bounds__(kAIn == kAInFp8 ? 160 : 256, 1) __cluster_dims__(kNumKSplits, 1, 1)
 fp8_gemm_swap_ab_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, const float* __restrict__ sfb,
                         const int32_t* __restrict__ unused, uint16_t* __restrict__ d_ptr, uint32_t ld_d,
                         const __grid_constant__ TmaDescriptor tmap_a, const __grid_constant__ TmaDescriptor tmap_b,
                         const __grid_constant__ TmaDescriptor tmap_sfa,
                         const __grid_constant__ TmaDescriptor unused_map) {
-  using Smem = SwapABSmem<SHAPE_K, BLOCK_M, BLOCK_N, kNumStages, kNumKSplits>;
+  // Float activations quantised in the kernel (quant_a.cuh): their type and bytes.
+  constexpr bool kQuantA = kAIn != kAInFp8;
+  constexpr InDtype kXDtype = kQuantA ? static_cast<InDtype>(kAIn - 1) : InDtype::kBFloat16;
+  constexpr uint32_t kXBytes = quant::InTraits<kXDtype>::kBytes;
+  using Smem = SwapABSmem<SHAPE_K, BLOCK_M, BLOCK_N, kNumStages, kNumKSplits, kQuantA ? kXBytes : 0u>;
   using Scheduler = TileScheduler<kNormal, SHAPE_N, BLOCK_M, BLOCK_N, 1, false, 1>;
   constexpr uint32_t kNumKBlocks = Smem::kNumKBlocks;
   constexpr uint32_t kWaves = Smem::kWaves;
@@ -114,6 +134,9 @@ fp8_gemm_swap_ab_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, c
   static_assert(kNumKBlocks >= kNumKSplits, "every rank runs at least one K block");
   static_assert(kNumStages >= 2 && kNumStages <= 32, "2..32 pipeline stages");
   static_assert(Smem::kTotal <= 232448, "shared memory exceeds the sm_90 opt-in limit (232,448 B)");
+  static_assert(kAIn <= kAInBFloat16, "unknown A input");
+  // The converters fill one 8-row payload per stage (the token tile).
+  static_assert(!kQuantA || BLOCK_M == kQuantARows, "A quantised in the kernel: a token tile of kQuantARows (8)");
   (void)unused;
   (void)unused_map;
 
@@ -122,20 +145,28 @@ fp8_gemm_swap_ab_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, c
   uint64_t* empty_bar = full_bar + kNumStages;
   uint64_t* red_full_bar = empty_bar + kNumStages;   // rank 0: every other rank's partial tile landed
   uint64_t* red_empty_bar = red_full_bar + 1;        // ranks 1..: rank 0 has read the last one
+  uint64_t* x_full_bar = red_empty_bar + 1;          // kQuantA: x's box landed in the stage's slot
   auto smem_a = [&](uint32_t s) { return smem + Smem::kOffA + s * Smem::kA; };
   auto smem_b = [&](uint32_t s) { return smem + Smem::kOffB + s * Smem::kB; };
   auto smem_sfa = [&](uint32_t s) { return reinterpret_cast<float*>(smem + Smem::kOffSFA + s * Smem::kSFA); };
+  auto smem_x = [&](uint32_t s) { return smem + Smem::kOffX + s * Smem::kX; };
   float* red = reinterpret_cast<float*>(smem + Smem::kOffRed);
 
   const uint32_t producer_leader = 128;
   if (threadIdx.x == producer_leader) {
     if ((smem_addr(smem) & 1023u) != 0) device_trap();   // 128B swizzle needs 1024-aligned tiles
+    // More rows than a stage's payload holds (the host never launches that).
+    if (kQuantA && a_box_rows > kQuantARows) device_trap();
     tma_prefetch_descriptor(&tmap_a);
     tma_prefetch_descriptor(&tmap_b);
-    tma_prefetch_descriptor(&tmap_sfa);
-    init_stage_barriers<kNumStages>(full_bar, empty_bar, 4u);
+    if constexpr (!kQuantA) tma_prefetch_descriptor(&tmap_sfa);
+    // kQuantA: the full barrier also waits for the stage's converter warp.
+    init_stage_barriers<kNumStages>(full_bar, empty_bar, 4u, kQuantA ? 2u : 1u);
     mbarrier_init(red_full_bar, 1);
     mbarrier_init(red_empty_bar, 4);
+    if constexpr (kQuantA) {
+      for (uint32_t s = 0; s < kNumStages; ++s) mbarrier_init(x_full_bar + s, 1);
+    }
     fence_barrier_init();
   }
   // Split K: the peers touch this CTA only in the exchange after a tile's K
@@ -158,8 +189,9 @@ fp8_gemm_swap_ab_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, c
     // ------------------------------------------------------------------ producer
     if (threadIdx.x == producer_leader) {
       PipeState<kNumStages> pipe;
-      const uint32_t tx_bytes = a_box_rows * 128u + align_up(a_box_rows, 4u) * 4u + Smem::kB;
-      const bool b_evict_first = (flags & 2u) != 0;   // kFlagBEvictFirst
+      // kQuantA: the tokens and their scales come from the converter warps.
+      const uint32_t tx_bytes = (kQuantA ? 0u : a_box_rows * 128u + align_up(a_box_rows, 4u) * 4u) + Smem::kB;
+      const bool b_evict_first = (flags & kFlagBEvictFirst) != 0;
       while (scheduler.next(tile)) {
         const int32_t a_row = static_cast<int32_t>(tile.m_block * BLOCK_M);
         const int32_t b_row = static_cast<int32_t>(tile.n_block * BLOCK_N);
@@ -168,8 +200,10 @@ fp8_gemm_swap_ab_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, c
           uint64_t* bar = producer_acquire(pipe, full_bar, empty_bar, tx_bytes);
           const uint32_t stage = pipe.stage;
           const int32_t k = static_cast<int32_t>(kb * 128);
-          tma_load_3d(smem_a(stage), &tmap_a, bar, k, a_row, 0);
-          tma_load_3d(smem_sfa(stage), &tmap_sfa, bar, a_row, static_cast<int32_t>(kb), 0);
+          if constexpr (!kQuantA) {
+            tma_load_3d(smem_a(stage), &tmap_a, bar, k, a_row, 0);
+            tma_load_3d(smem_sfa(stage), &tmap_sfa, bar, a_row, static_cast<int32_t>(kb), 0);
+          }
           const uint64_t policy = b_evict_first ? l2_policy_evict_first() : l2_policy_evict_normal();
           tma_load_3d_hint(smem_b(stage), &tmap_b, bar, policy, k, b_row, 0);
           pipe.advance();
@@ -177,6 +211,25 @@ fp8_gemm_swap_ab_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, c
       }
     }
     // (the other producer lanes have nothing to do)
+    if constexpr (kQuantA) {
+      // Warps 1 .. kNumConverterWarps beside the producer warp (quant_a.cuh);
+      // block j is this CTA's j-th K block (every tile has the same K range,
+      // so block j is K block kb_begin + j % kb_count).
+      const uint32_t cw = (threadIdx.x - producer_leader) / 32;
+      if (cw >= 1 && cw <= kNumConverterWarps) {
+        uint32_t num_blocks = 0;
+        while (scheduler.next(tile)) num_blocks += kb_count;
+        const uint32_t x_box_bytes = a_box_rows * 128u * kXBytes;
+        // Load x's box of block j into its stage's slot (lane 0).
+        auto load_x = [&](uint32_t j) {
+          const uint32_t s = j % kNumStages;
+          mbarrier_arrive_expect_tx(x_full_bar + s, x_box_bytes);
+          tma_load_3d(smem_x(s), &tmap_a, x_full_bar + s, static_cast<int32_t>((kb_begin + j % kb_count) * 128u), 0, 0);
+        };
+        QuantAConverter<kXDtype, kNumStages>::run(cw - 1, num_blocks, a_box_rows, (flags & kFlagAPow2Scale) != 0,
+                                                  full_bar, empty_bar, x_full_bar, smem_x, smem_a, smem_sfa, load_x);
+      }
+    }
   } else {
     // ------------------------------------------------------------------ math
     const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;

@@ -309,13 +309,23 @@ QUANT_A_MAX_ROWS = 8
 
 def quant_a_config(config: GemmConfig, k: int, itemsize: int, smem_limit: int = SMEM_LIMIT) -> GemmConfig | None:
     """The configuration of the kernel that quantises float activations of
-    ``itemsize`` bytes (2 or 4) itself (gemm_fp8's one-kernel bf16-in form)
-    for the normal GEMM's pick ``config``, or None when that pick has no such
-    form: the in-kernel quantisation needs ``block_m`` = 64 on one math
-    warpgroup and no multicast (the kernel static-asserts it).  Same tile,
-    grid, split K and warpgroup structure, hence the same accumulation order
-    and output bits; the stages are the most that fit its smaller stages
-    (:func:`smem_size` with ``quant_a``), at most 16."""
+    ``itemsize`` bytes (2 or 4) itself (gemm_fp8's one-kernel bf16-in form,
+    cuda_src/quant_a.cuh) for the normal GEMM's pick ``config``, or None when
+    that pick has no such form: the in-kernel quantisation needs, in the 1D2D
+    kernel, ``block_m`` = 64 on one math warpgroup and no multicast, and in
+    the swap-AB kernel a token tile (``block_m``) of 8 (the kernels
+    static-assert it).  Same tile, grid, split K and warpgroup structure,
+    hence the same accumulation order and output bits; the stages are the
+    most that fit its stages with their slots for x (:func:`smem_size` or
+    :func:`swap_ab_smem_size` with ``quant_a``), at most 16 (1D2D) or
+    :data:`SWAP_AB_MAX_STAGES`."""
+    if config.kind == "normal" and config.swap_ab and config.block_m == QUANT_A_MAX_ROWS:
+        stages = swap_ab_max_stages(config.block_m, config.block_n, k, smem_limit,
+                                    num_k_splits=config.num_k_splits, quant_a=itemsize)
+        if not stages:
+            return None
+        return dataclasses.replace(config, num_stages=stages, smem_bytes=swap_ab_smem_size(
+            config.block_m, config.block_n, stages, k, config.num_k_splits, quant_a=itemsize))
     if (config.kind != "normal" or config.swap_ab or config.block_m != 64
             or config.num_math_warpgroups != 1 or config.num_multicast != 1):
         return None
@@ -328,26 +338,32 @@ def quant_a_config(config: GemmConfig, k: int, itemsize: int, smem_limit: int = 
     return None
 
 
-def swap_ab_smem_size(block_m: int, block_n: int, num_stages: int, k: int, num_k_splits: int = 1) -> int:
+def swap_ab_smem_size(block_m: int, block_n: int, num_stages: int, k: int, num_k_splits: int = 1,
+                      quant_a: int = 0) -> int:
     """Dynamic shared memory of the swap-AB kernel (``SwapABSmem::kTotal`` in
     cuda_src/fp8_gemm_swap_ab.cuh): per stage the weights' ``block_n`` x 128
     and the tokens' ``block_m`` x 128 bytes and the tokens' scales (128-byte
-    aligned); each math warp's copy of the tile's B scales for all of K;
-    rank 0's slots for the other ranks' FP32 partial tiles; the barriers."""
+    aligned), and with ``quant_a`` (the element size of float activations
+    the kernel quantises itself, cuda_src/quant_a.cuh) a slot for the token
+    tile's rows of x (``block_m`` x 128 x ``quant_a`` bytes); each math
+    warp's copy of the tile's B scales for all of K; rank 0's slots for the
+    other ranks' FP32 partial tiles; the barriers (full and empty per stage,
+    two for the exchange, with ``quant_a`` an x_full per stage)."""
     kb = _ceil_div(k, BLOCK_K)
     sfb_rows = block_n // 128 + (1 if block_n % 128 else 0)
-    per_stage = block_n * BLOCK_K + block_m * BLOCK_K + _align(block_m * 4, 128)
+    per_stage = block_n * BLOCK_K + block_m * BLOCK_K + _align(block_m * 4, 128) + block_m * BLOCK_K * quant_a
     red = (num_k_splits - 1) * (block_n // 64) * (block_m // 2) * 128 * 4
     return (num_stages * per_stage + _align(4 * sfb_rows * kb * 4, 16) + red
-            + (2 * num_stages + 2) * 8)
+            + ((3 if quant_a else 2) * num_stages + 2) * 8)
 
 
 def swap_ab_max_stages(block_m: int, block_n: int, k: int, smem_limit: int = SMEM_LIMIT,
-                       num_k_splits: int = 1) -> int:
+                       num_k_splits: int = 1, quant_a: int = 0) -> int:
     """Largest stage count (at most :data:`SWAP_AB_MAX_STAGES`) of the swap-AB
-    kernel that fits ``smem_limit``, or 0 when fewer than the minimum do."""
-    fixed = swap_ab_smem_size(block_m, block_n, 0, k, num_k_splits)
-    per_stage = swap_ab_smem_size(block_m, block_n, 1, k, num_k_splits) - fixed
+    kernel (with ``quant_a``: its one-kernel bf16-in form) that fits
+    ``smem_limit``, or 0 when fewer than the minimum do."""
+    fixed = swap_ab_smem_size(block_m, block_n, 0, k, num_k_splits, quant_a)
+    per_stage = swap_ab_smem_size(block_m, block_n, 1, k, num_k_splits, quant_a) - fixed
     stages = min(SWAP_AB_MAX_STAGES, max(0, smem_limit - fixed) // per_stage)
     return stages if stages >= MIN_STAGES else 0
 

@@ -272,7 +272,7 @@ def _prepare_sfb(sfb, cupy):
 # launch
 # ----------------------------------------------------------------------------
 
-#: fp8_gemm_1d2d.cuh kAIn of float activations quantised in the kernel
+#: The GEMM kernels' kAIn (cuda_src/quant_a.cuh) of float activations quantised in the kernel
 #: (1 + quant.cuh InDtype), by dtype name; 0 (kAInFp8, the default template
 #: argument, left out of the name) is an FP8 A loaded by TMA.
 A_IN_CODES = {"float32": 1, "float16": 2, "bfloat16": 3}
@@ -282,10 +282,10 @@ _X_TMA_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
 def _kernel_name(cfg: "_config.GemmConfig", n: int, k: int, gemm_type: int, num_groups: int,
                  x_dtype: str | None = None) -> str:
+    a_in = f", {A_IN_CODES[x_dtype]}" if x_dtype is not None else ""
     if cfg.swap_ab:
         return (f"cugemm8::fp8_gemm_swap_ab_kernel<{n}, {k}, {cfg.block_m}, {cfg.block_n}, "
-                f"{cfg.num_stages}, {cfg.num_k_splits}>")
-    a_in = f", {A_IN_CODES[x_dtype]}" if x_dtype is not None else ""
+                f"{cfg.num_stages}, {cfg.num_k_splits}{a_in}>")
     return (f"cugemm8::fp8_gemm_1d2d_kernel<{n}, {k}, {cfg.block_m}, {cfg.block_n}, {cfg.num_stages}, "
             f"{cfg.num_multicast}, {'true' if cfg.multicast_on_a else 'false'}, {cfg.swizzle_d}, "
             f"{gemm_type}, {num_groups}, {cfg.num_k_splits}, {cfg.num_math_warpgroups}{a_in}>")
@@ -363,9 +363,8 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
     :func:`cugemm8._config.quant_a_config`), and ``sfa`` is None.
     """
     kb = -(-k // 128)
-    if cfg.swap_ab and (kind != "normal" or x_dtype is not None or num_groups != 1):
-        raise ValueError(f"config {cfg} (swap_ab) runs the normal GEMM on FP8 A only, "
-                         f"not kind {kind!r}" + (f" with {x_dtype} activations" if x_dtype else ""))
+    if cfg.swap_ab and (kind != "normal" or num_groups != 1):
+        raise ValueError(f"config {cfg} (swap_ab) runs the normal GEMM only, not kind {kind!r}")
     if b_evict_first(rows, cfg.block_m, k):
         flags |= FLAG_B_EVICT_FIRST
     name = _kernel_name(cfg, n, k, _GEMM_TYPE[kind], num_groups, x_dtype)
@@ -380,7 +379,7 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
     else:
         # The activations' own K (the tail past it reads as zeros, as the
         # per-token cast pads it); no swizzle: the kernel's converter warps
-        # read the box row by row (fp8_gemm_1d2d.cuh).
+        # read the box row by row (cuda_src/quant_a.cuh).
         a_row = _map_stride(a, -2, -(-a.shape[1] * a.itemsize // 16) * 16)
         tmap_a = _tma.make_descriptor(_X_TMA_DTYPES[x_dtype], a.data.ptr, (a.shape[1], rows, 1),
                                       (a_row, _map_stride(None, 0, a_row * rows)), (128, box_m, 1),
@@ -404,9 +403,10 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
         d_row = _map_stride(out, -2, n * 2)
     d_grp = _map_stride(out, 0, d_row * rows) if out.ndim == 3 else _map_stride(None, 0, d_row * rows)
     if cfg.swap_ab:
-        # The swap-AB kernel stores D element by element (no tensor map).
+        # The swap-AB kernel stores D element by element (no tensor map); a
+        # producer warp and, quantising x itself, three converter warps.
         tmap_d = _tma.NULL_DESCRIPTOR
-        threads = 160
+        threads = 160 if x_dtype is None else 256
     else:
         d_cols = cfg.swizzle_d // 2 if cfg.swizzle_d else cfg.block_n
         tmap_d = _tma.make_descriptor("bf16", out.data.ptr, (n, rows, groups_a),
@@ -421,9 +421,9 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
     return Launcher(kern, (cfg.num_sms,), (threads,), args, cfg.smem_bytes)
 
 
-#: fp8_gemm_1d2d.cuh kFlagBEvictFirst
+#: common.cuh kFlagBEvictFirst
 FLAG_B_EVICT_FIRST = 2
-#: fp8_gemm_1d2d.cuh kFlagAPow2Scale: power-of-two scales for the activations
+#: common.cuh kFlagAPow2Scale: power-of-two scales for the activations
 #: the kernel quantises itself
 FLAG_A_POW2_SCALE = 4
 #: the evict-first rule's limits (see b_evict_first); probe switches

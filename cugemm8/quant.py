@@ -651,14 +651,15 @@ def gemm_fp8(a: cupy.ndarray | tuple[cupy.ndarray, cupy.ndarray],
 
     * **one kernel**, for a few rows (:func:`one_kernel_max_m`: up to 8 rows
       of 16-bit ``a`` where the GEMM's pick is at least 128 columns wide, 4
-      where it is 48-120 wide, half that for float32; never for the narrow
-      tiles of the K = 7168 decode shapes) when ``a``'s rows can be read in
+      where it is 48-120 wide or the swap-AB kernel's 64-row weight tile,
+      half that for float32; never for the narrow 1D2D tiles of the K = 7168
+      decode shapes) when ``a``'s rows can be read in
       place (contiguous last dimension, 16-byte aligned base and row
       stride): the GEMM quantises ``a`` itself.  Idle warps of its producer
       warpgroup load each 128-column block of ``a`` by TMA a ring lap
       ahead and quantise it with the per-token kernel's own device
       functions while the stage's weights are in flight
-      (cuda_src/fp8_gemm_1d2d.cuh, "Quantising A in the kernel").  No
+      (cuda_src/quant_a.cuh, in the 1D2D and the swap-AB kernels).  No
       workspace and no second launch, so it also captures in CUDA graphs
       without a ``workspace``.  Measured on the H200 (``benches/bench_e2e.py``,
       benches/RESULTS.md v0.14): 1.20x (24576 x 1536), 1.31x (32768 x 512)
@@ -875,10 +876,11 @@ def _fused_key(a, b, out, workspace, pow2_scale, gemm):
 
 
 #: Rows of float activations up to which :func:`gemm_fp8`'s fused path
-#: quantises them inside the GEMM (one kernel; fp8_gemm_1d2d.cuh, "Quantising
-#: A in the kernel") instead of in a per-token prologue kernel: by x's element
-#: size, ``((min BLOCK_N, max rows), ...)`` of the GEMM's pick, the first
-#: match deciding, none meaning never (:func:`one_kernel_max_m`).  Each of the
+#: quantises them inside the GEMM (one kernel; cuda_src/quant_a.cuh) instead
+#: of in a per-token prologue kernel: by x's element size, ``((min BLOCK_N,
+#: max rows), ...)`` of the GEMM's pick (for a swap-AB pick its weight tile,
+#: the WGMMA's 64-row waves), the first match deciding, none meaning never
+#: (:func:`one_kernel_max_m`).  Each of the
 #: three converter warps of a CTA must quantise a stage's rows (about 800 SM
 #: cycles for up to 2 rows of bf16, 1000 for 4, 1850 for 8, plus 400 of
 #: barriers: tools/perf/convert_probe.py) within three of the math
@@ -887,7 +889,9 @@ def _fused_key(a, b, out, workspace, pow2_scale, gemm):
 #: (benches/bench_e2e.py, benches/RESULTS.md v0.14), one kernel against the
 #: two-kernel form: BLOCK_N 192 and 128 1.11-1.17x at M <= 4 and 1.05-1.17x at
 #: M = 8; 56 1.16-1.22x at M <= 4, 0.84x at 8; 32 0.78-0.96x at every M.  The
-#: other widths are placed by those (48-120 like 56, 128 and up like 128).
+#: other widths are placed by those (48-120 like 56, 128 and up like 128); the
+#: swap-AB pick at 4096 x 7168 (8x64, K split over a pair: about 700 cycles
+#: per K block) like 56, measured in benches/RESULTS.md v0.17.
 #: float32 x takes twice the steps per row (one row per step, not two), so
 #: half the rows (estimated from the probe, not measured end to end).  The
 #: kernel's own limit is _config.QUANT_A_MAX_ROWS (8).

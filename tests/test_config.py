@@ -680,10 +680,21 @@ def test_swap_ab_config_rules():
         st = cfgmod.swap_ab_max_stages(bm, bn, k)
         assert cfgmod.swap_ab_smem_size(bm, bn, st, k) <= cfgmod.SMEM_LIMIT
         assert cfgmod.swap_ab_smem_size(bm, bn, st + 1, k) > cfgmod.SMEM_LIMIT
-    assert cfgmod.quant_a_config(ok, k, 2) is None
+    # gemm_fp8's one-kernel form (quant_a.cuh): a token tile of 8 only; the
+    # same tile, split and grid, the deepest ring that fits with x's slots.
+    for item in (2, 4):
+        q = cfgmod.quant_a_config(ok, k, item)
+        assert dataclasses.replace(q, num_stages=ok.num_stages, smem_bytes=ok.smem_bytes) == ok
+        assert q.smem_bytes == cfgmod.swap_ab_smem_size(8, 64, q.num_stages, k, 2, quant_a=item) <= cfgmod.SMEM_LIMIT
+        assert cfgmod.swap_ab_smem_size(8, 64, q.num_stages + 1, k, 2, quant_a=item) > cfgmod.SMEM_LIMIT
+        # per stage: + 8 rows x 128 of x and an x_full barrier
+        assert (cfgmod.swap_ab_smem_size(8, 64, 5, k, 2, quant_a=item)
+                - cfgmod.swap_ab_smem_size(8, 64, 5, k, 2)) == 5 * (8 * 128 * item + 8)
+    assert cfgmod.quant_a_config(dataclasses.replace(ok, block_m=16), k, 2) is None
     for m in (1, 8, 32):
-        for n, kk in DEEPSEEK_NK:
-            assert not cfgmod.select_config("normal", m, n, kk).swap_ab
+        for n, kk in DEEPSEEK_NK:        # only the twin rule's family (test_swap_ab_twin_rule)
+            want = (n, kk) == (4096, 7168) and m <= 8
+            assert cfgmod.select_config("normal", m, n, kk).swap_ab == want
 
 
 def test_short_k_stage_cap():

@@ -43,13 +43,14 @@ ONE_WARPGROUP = [("normal", 128, 8, 1, 32768, 512), ("normal", 64, 13, 1, 4096, 
 ONE_KERNEL_MS = (1, 8)
 
 
-def _one_kernel_names():
+def _one_kernel_names(swap_ab: bool = False):
+    """The 1D2D kernel's (or, with ``swap_ab``, the swap-AB kernel's) names."""
     names = set()
     for m in ONE_KERNEL_MS:
         for n, k in DEEPSEEK_NK:
             for dtype, itemsize in (("bfloat16", 2), ("float16", 2), ("float32", 4)):
                 cfg = _config.quant_a_config(_config.select_config("normal", m, n, k, num_sms=132), k, itemsize)
-                if cfg is not None:
+                if cfg is not None and cfg.swap_ab == swap_ab:
                     names.add(_gemm._kernel_name(cfg, n, k, 0, 1, dtype))
     return names
 
@@ -278,7 +279,16 @@ def _swap_ab_names():
     for m in (1, 32):
         for n, k in DEEPSEEK_NK:
             cfgs += [(c, n, k) for c in _tune.swap_ab_candidates(m, n, k, 132)]
-    return sorted({_gemm._kernel_name(c, n, k, 0, 1) for c, n, k in cfgs})
+    # The one-kernel bf16-in form (quant_a.cuh) of the heuristic's swap-AB
+    # picks, every input dtype, and of a cluster of 4 and a K tail.
+    quant = set(_one_kernel_names(swap_ab=True))
+    assert quant, "no swap-AB pick has a one-kernel form"
+    for m, n, k, splits in ((3, 520, 1040, 4), (8, 1000, 16, 1)):
+        cfg = _config.make_config("normal", 8, 64, 24, k, num_k_splits=splits, num_sms=132 - 132 % splits,
+                                  swap_ab=True)
+        cfg = _config.quant_a_config(cfg, k, 2)
+        quant.add(_gemm._kernel_name(cfg, n, k, 0, 1, "bfloat16"))
+    return sorted({_gemm._kernel_name(c, n, k, 0, 1) for c, n, k in cfgs} | quant)
 
 
 @pytest.fixture(scope="module")
@@ -325,12 +335,13 @@ def test_swap_ab_smem_layout_matches_the_python_formula():
         for bm in _config.SWAP_AB_BLOCK_MS:
             for bn in _config.SWAP_AB_BLOCK_NS:
                 for splits in _config.SWAP_AB_SPLITS:
-                    for stages in (3, 7, 16):
-                        t = f"cugemm8::SwapABSmem<{k}u, {bm}u, {bn}u, {stages}u, {splits}u>"
-                        want = _config.swap_ab_smem_size(bm, bn, stages, k, splits)
+                    for stages, quant_a in ((3, 0), (7, 0), (16, 0), (5, 2), (16, 4)):
+                        t = f"cugemm8::SwapABSmem<{k}u, {bm}u, {bn}u, {stages}u, {splits}u, {quant_a}u>"
+                        want = _config.swap_ab_smem_size(bm, bn, stages, k, splits, quant_a)
                         checks.append(f"static_assert({t}::kTotal == {want}u && {t}::kOffA % 1024 == 0 "
                                       f"&& {t}::kB % 1024 == 0 && {t}::kA % 1024 == 0 && {t}::kOffRed % 16 == 0 "
-                                      f"&& {t}::kOffBar % 8 == 0, \"{k} {bm} {bn} {stages} {splits}\");")
+                                      f"&& {t}::kOffX % 128 == 0 && {t}::kOffBar % 8 == 0, "
+                                      f"\"{k} {bm} {bn} {stages} {splits} {quant_a}\");")
     _compile_static_asserts(checks, header="fp8_gemm_swap_ab.cuh")
 
 

@@ -722,6 +722,73 @@ def test_one_kernel_form_many_tiles_per_cta(cp, rng, weights, n, k, bn, stages, 
             fused_vs_two_launch(cp, x, rhs, what=f"m={m} n={n} k={k} {cfg}")
 
 
+# The swap-AB kernel's one-kernel form (quant_a.cuh in fp8_gemm_swap_ab.cuh):
+# (n, k, weight tile, stages, K splits, grid): the DeepSeek-V3 pick at
+# 4096 x 7168, clusters of 1 and 4, K tails (1040: 9 K blocks over 4 ranks;
+# 16: one partial block), N tails, and grids of fewer CTAs than tiles (each
+# converter warp walks many laps of the ring across tiles).
+SWAP_AB_ONE_KERNEL = [(4096, 7168, 64, 20, 2, 128), (1000, 1040, 128, 6, 4, 132), (520, 16, 64, 4, 1, 9),
+                      (4096, 7168, 64, 20, 2, 6), (2112, 2048, 192, 5, 1, 3), (576, 7168, 64, 12, 2, 4)]
+
+
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float32"])
+@pytest.mark.parametrize("n,k,bn,stages,splits,grid", SWAP_AB_ONE_KERNEL, ids=str)
+def test_swap_ab_one_kernel_form_bit_identical(cp, rng, weights, n, k, bn, stages, splits, grid, dtype_name):
+    """The swap-AB kernel quantising x itself gives the bits of
+    per_token_cast_to_fp8 followed by the same swap-AB GEMM, at 1 ... 8 rows,
+    for forced token tiles of 8 (the form's only one), and matches the
+    float64 reference within the bound at 1 and 8 rows."""
+    from cugemm8 import _config, gemm
+    dt = DTYPES[dtype_name]
+    rhs = weights(n, k)
+    cfg = _config.make_config("normal", 8, bn, stages, k, num_k_splits=splits, num_sms=grid, swap_ab=True)
+    assert _config.is_legal(cfg, k=k)[0], _config.is_legal(cfg, k=k)
+    assert _config.quant_a_config(cfg, -(-k // 16) * 16, dt.itemsize) is not None
+    for m in (1, 2, 5, 8):
+        what = f"m={m} n={n} k={k} {cfg} {dtype_name}"
+        x = randn(cp, seed_of(rng), (m, k), dt, scale=2.0)
+        with one_kernel_up_to(8), gemm._forced_config(cfg):
+            assert_one_kernel(x, n, what)
+            out, (a, sfa) = fused_vs_two_launch(cp, x, rhs, what=what)
+        if m in (1, 8):
+            ref, bound = H.reference_and_bound(cp, a, sfa, *rhs)
+            H.check_against(cp, out, ref, bound, what=what)
+
+
+def test_swap_ab_one_kernel_form_special_values_and_pow2(cp, rng, weights):
+    """NaN / Inf / zero / max rows through the swap-AB kernel's converters
+    (the 4096 x 7168 pick): the two-launch bits, NaN kept in its rows; and
+    pow2_scale's bits."""
+    from cugemm8 import _config
+    m, n, k = 8, 4096, 7168
+    rhs = weights(n, k)
+    dt = DTYPES["bfloat16"]
+    host = cp.asnumpy(randn(cp, seed_of(rng), (m, k), dt)).copy()
+    signs = np.where(np.arange(k) % 2, -1.0, 1.0)
+    host[0] = np.nan
+    host[3, 5] = np.inf
+    host[5] = 0
+    host[6] = signs * float(ml_dtypes.finfo(dt).max)
+    x = cp.asarray(host)
+    with one_kernel_up_to(m):
+        assert _config.select_config("normal", 1, n, k).swap_ab
+        assert_one_kernel(x, n)
+        out, _ = fused_vs_two_launch(cp, x, rhs, what="swap-AB special values")
+        got = H.to_f64(cp, out)
+        for r in (0, 3):
+            assert bool(cp.isnan(got[r]).all()), f"row {r} holds NaN / Inf input, must be NaN"
+        assert bool(cp.all(got[5] == 0)), "an all-zero row must give zeros"
+        rest = [r for r in range(m) if r not in (0, 3, 6)]
+        assert bool(cp.isfinite(got[rest]).all()), "NaN / Inf leaked out of its row"
+        y = randn(cp, seed_of(rng), (4, k), dt, scale=5.0)
+        got, full = H.poisoned_out(cp, 4, n)
+        cugemm8.gemm_fp8(y, rhs, got, pow2_scale=True)
+        want = cp.empty((4, n), BF16)
+        cugemm8.gemm_fp8_fp8_bf16_nt(cugemm8.per_token_cast_to_fp8(y, pow2_scale=True), rhs, want)
+        assert_same_bits(cp, got, want, what="swap-AB pow2_scale")
+        assert H.guards_intact(cp, full, 4, n)
+
+
 def test_one_kernel_form_reads_strided_rows_in_place(cp, rng, weights):
     """x a column slice of a wider buffer (row stride 2048 bytes, K = 1000):
     read in place by TMA, the K tail zero-filled."""

@@ -1,7 +1,7 @@
 """Benchmark cugemm8's FP8 GEMMs on the DeepSeek-V3 shapes.
 
     python benches/bench_gemm.py [--kinds normal,contiguous,masked] [--quick]
-                                 [--m1] [--reps 40] [--json OUT] [--plot OUT.png]
+                                 [--m1] [--reps 40] [--deepgemm] [--json OUT] [--plot OUT.png]
     python benches/bench_gemm.py --from-json OUT [--plot OUT.png]   # re-render, no GPU
 
 Per shape: the chosen config; two kernel times, each the median of --reps
@@ -16,6 +16,19 @@ baseline through PyTorch in the same run (checked too; 'wrong' results are
 excluded), timed both ways, each ratio taken between like times; DeepGEMM's
 H200 figure and the 1.10x target from docs/benchmarks.md.  Geometric means
 close the report.
+
+``--deepgemm`` times DeepGEMM itself in the same run instead of quoting its
+figure (put DeepGEMM v2.6.1 on PYTHONPATH: ../shared/anchors/README.md):
+for every kind, on the same bytes (benches/deepgemm_anchor.py: ``fp8_gemm_nt``,
+``m_grouped_fp8_gemm_nt_contiguous``, ``m_grouped_fp8_gemm_nt_masked``, the
+same expected_m), its kernels prewarmed in parallel processes first, its
+output checked against the same float64 reference (valid rows only) and
+then timed right after cugemm8's with the same two timers and flush; the
+table then shows its time and cugemm8's speed-up over it (its time over
+cugemm8's, like timer with like: > 1 means cugemm8 is faster) in place of
+the H200 figure, and the summary its geomean, minimum and the shapes below
+1.0 and below the 1.10x target.  When DeepGEMM is not usable the run says
+why and goes on without it.
 
 Test data: see :mod:`cugemm8.cli` (block-varied normal values quantised per
 1x128 / 128x128 block, amax / 448 scales).  Grouped shapes use exactly M rows
@@ -106,12 +119,75 @@ def _groups(shape: Shape, ops: dict) -> list[tuple]:
     return [(a[rows], sfa[rows], b[g], sfb[g], rows) for rows, g in group_parts(ops, shape)]
 
 
-def check_cugemm8(shape: Shape, ops: dict, out, ref, cp) -> tuple[str, float]:
-    """('ok' | 'FAIL', calc_diff) of cugemm8's output against the reference."""
-    got = bf16_to_f64(out, cp)
+def check_f64(ops: dict, got, ref, cp) -> tuple[str, float]:
+    """('ok' | 'FAIL', calc_diff) of a float64 output like D against the
+    reference, over the valid rows only (``ops['valid']``: contiguous
+    padding rows and masked rows past masked_m left out)."""
     valid = ops["valid"]
     diff = calc_diff(got[valid], ref[valid], cp)
     return ("ok" if diff < CHECK_LIMIT else "FAIL"), diff
+
+
+def check_cugemm8(shape: Shape, ops: dict, out, ref, cp) -> tuple[str, float]:
+    """('ok' | 'FAIL', calc_diff) of cugemm8's output against the reference."""
+    return check_f64(ops, bf16_to_f64(out, cp), ref, cp)
+
+
+def warm_specs(shapes: list[Shape]) -> list[tuple]:
+    """:func:`deepgemm_anchor.warm_spec` entries for the shapes (masked:
+    expected_m = m_max, the hint cugemm8 gets too)."""
+    out = []
+    for s in shapes:
+        if s.kind == "normal":
+            out.append((s.m, s.n, s.k))
+        else:
+            out.append((s.kind, s.m, s.n, s.k, s.num_groups) + ((s.m,) if s.kind == "masked" else ()))
+    return out
+
+
+def deepgemm_call(shape: Shape, ops: dict, dg):
+    """DeepGEMM's callable for ``shape`` on cugemm8's operands ``ops`` (the
+    same bytes; ``run.out`` its torch bf16 output like D)."""
+    a, sfa, b, sfb = ops["a"], ops["sfa"], ops["b"], ops["sfb"]
+    if shape.kind == "normal":
+        return dg.gemm_nt(a, sfa, b, sfb)
+    if shape.kind == "contiguous":
+        return dg.grouped_contiguous(a, sfa, b, sfb, ops["m_indices"])
+    return dg.grouped_masked(a, sfa, b, sfb, ops["masked_m"], shape.m)
+
+
+def measure_deepgemm(shape: Shape, ops: dict, ref, args, flush, dg, cp) -> dict:
+    """DeepGEMM on the same operands (``--deepgemm``; ``dg`` is
+    :mod:`deepgemm_anchor`, or None: nothing measured): its output, NaN
+    before the first call, checked against ``ref`` over the valid rows, then
+    timed like cugemm8 (CUDA events and CUPTI, same reps and flush).
+    Returns dg_status ('ok', 'FAIL <diff>' or 'error: ...'), dg_diff,
+    dg_first_call_s, dg_us, dg_spread and dg_kus."""
+    import common
+    if dg is None:
+        return {}
+    res = {"dg_us": None, "dg_kus": None}
+    try:
+        run = deepgemm_call(shape, ops, dg)
+        run.out.fill_(float("nan"))
+        t0 = time.perf_counter()
+        run()
+        cp.cuda.runtime.deviceSynchronize()
+        res["dg_first_call_s"] = time.perf_counter() - t0
+        got = common.torch_to_f64(run.out, run.out.shape[0])
+        status, res["dg_diff"] = check_f64(ops, got, ref, cp)
+        del got
+        if status != "ok":
+            res["dg_status"] = f"FAIL {res['dg_diff']:.1e}"
+            return res
+        timing = common.time_call(run, reps=args.reps, warmup=args.warmup, flush=flush)
+        res["dg_us"], res["dg_spread"] = timing.median, timing.spread
+        kt = common.kernel_times([run], reps=args.reps, flush=flush)
+        res["dg_kus"] = kt.median if kt else None
+        res["dg_status"] = "ok"
+    except Exception as exc:
+        res["dg_status"] = "error: " + " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+    return res
 
 
 def measure_baseline(shape: Shape, ops: dict, ref, args, flush) -> dict:
@@ -166,8 +242,9 @@ def measure_same_m_normal(shape: Shape, ops: dict, args, flush, cp) -> dict:
         return {"same_m_us": None, "same_m_config": f"error: {type(exc).__name__}: {exc}"[:160]}
 
 
-def bench_shape(shape: Shape, args, flush, copy_gbps: float) -> dict:
-    """Everything the report says about one shape (a JSON-able dict)."""
+def bench_shape(shape: Shape, args, flush, copy_gbps: float, dg=None) -> dict:
+    """Everything the report says about one shape (a JSON-able dict); ``dg``
+    (:mod:`deepgemm_anchor` or None) times DeepGEMM beside."""
     import common
     import cupy as cp
     row = {"kind": shape.kind, "m": shape.m, "n": shape.n, "k": shape.k, "g": shape.num_groups,
@@ -187,6 +264,7 @@ def bench_shape(shape: Shape, args, flush, copy_gbps: float) -> dict:
         row["us"], row["spread"] = timing.median, timing.spread
         kt = common.kernel_times([run], reps=args.reps, flush=flush)
         row["kus"] = kt.median if kt else None
+        row.update(measure_deepgemm(shape, ops, ref, args, flush, dg, cp))
         row.update(measure_baseline(shape, ops, ref, args, flush))
         del ref
         if shape.kind == "contiguous":
@@ -223,6 +301,12 @@ def add_metrics(row: dict, shape: Shape, rows, num_b: int, copy_gbps: float) -> 
     row["anchor_tflops"] = anchor
     row["target_tflops"] = anchor * TARGET_FACTOR if anchor else None
     row["ratio_anchor"] = row["tflops"] / anchor if anchor and row["tflops"] else None
+    # DeepGEMM in the same run (--deepgemm): like against like, as cuBLASLt.
+    dg_t = row.get("dg_kus") if kus else row.get("dg_us")
+    row["dg_t_us"] = dg_t
+    row["dg_tflops"] = row["flops"] / dg_t / 1e6 if dg_t else None
+    row["ratio_dg"] = dg_t / t if dg_t and t else None
+    row["ratio_dg_events"] = row["dg_us"] / us_ev if row.get("dg_us") and us_ev else None
     same = row.get("same_m_kus") if kus else row.get("same_m_us")
     if same and t:
         row["contig_over_normal"] = t / same
@@ -260,7 +344,25 @@ def summarize(rows: list[dict]) -> dict:
             "anchored_shapes": sum(r.get("ratio_anchor") is not None for r in sel),
             "min_copy_pct_m_le_128": min(small) if small else None,
         }
+        if any(r.get("dg_status") for r in sel):          # --deepgemm: DeepGEMM timed in this run
+            measured = [r["ratio_dg"] for r in sel if r.get("ratio_dg")]
+            out[kind].update({
+                "dg_shapes": len(measured),
+                "dg_failures": sum(r.get("dg_status") not in (None, "ok") for r in sel),
+                "geomean_vs_dg_same_run": _geomean(measured),
+                "geomean_vs_dg_same_run_events": _geomean(r.get("ratio_dg_events") for r in sel),
+                "min_vs_dg_same_run": min(measured, default=None),
+                "below_dg_same_run": sum(v < 1 for v in measured),
+                "below_target_same_run": sum(v < TARGET_FACTOR for v in measured),
+            })
     return out
+
+
+def deepgemm_measured(rows: list[dict]) -> bool:
+    """Whether DeepGEMM was timed in the run (``--deepgemm`` and usable):
+    the report then shows its measured time and ratio in place of the H200
+    figure."""
+    return any(r.get("dg_status") for r in rows)
 
 
 def _f(x, spec: str, none: str = "-") -> str:
@@ -269,9 +371,22 @@ def _f(x, spec: str, none: str = "-") -> str:
 
 COLUMNS = ("kind", "shape", "config", "µs", "µs ev", "TFLOPS", "GB/s", "%copy", "check",
            "cuBLASLt TF", "×cuBLASLt", "DeepGEMM TF", "×DeepGEMM", "target TF", "note")
+#: With DeepGEMM timed in the run: its time (the row's timer) and cugemm8's
+#: speed-up over it replace the H200 figure, its ratio and the target.
+COLUMNS_DG = COLUMNS[:11] + ("DeepGEMM µs", "×DeepGEMM", "note")
 
 
-def table_row(r: dict) -> tuple:
+def _dg_cells(r: dict) -> tuple:
+    """(DeepGEMM µs, ×DeepGEMM) cells of a row timed with --deepgemm: the
+    time, or why there is none (FAIL <diff>, error: ..., '-' not run)."""
+    status = r.get("dg_status")
+    if status == "ok" and r.get("dg_t_us"):
+        return _f(r["dg_t_us"], ".1f"), _f(r.get("ratio_dg"), ".2f")
+    return ((status or "-")[:40], "-")
+
+
+def table_row(r: dict, measured: bool = False) -> tuple:
+    """One table line; ``measured``: the :data:`COLUMNS_DG` layout."""
     base = _f(r.get("base_tflops"), ".0f") if r.get("base_status") == "ok" else (r.get("base_status") or "-")
     check = r.get("check", "?")
     if r.get("diff") is not None:
@@ -283,12 +398,38 @@ def table_row(r: dict) -> tuple:
                 f"({r['same_m_config']}), contig/normal {r['contig_over_normal']:.3f}")
     if r.get("spread") is not None and r["spread"] > 0.1:
         note = (note + "; " if note else "") + f"noisy: p10-p90 {100 * r['spread']:.0f}%"
+    if measured and r.get("dg_spread") is not None and r["dg_spread"] > 0.1:
+        note = (note + "; " if note else "") + f"DeepGEMM noisy: p10-p90 {100 * r['dg_spread']:.0f}%"
     t = r.get("t_us", r.get("us"))
-    return (r["kind"], r["label"], r.get("config", "?"), _f(t, ".1f"), _f(r.get("us"), ".1f"),
+    head = (r["kind"], r["label"], r.get("config", "?"), _f(t, ".1f"), _f(r.get("us"), ".1f"),
             _f(r.get("tflops"), ".0f"),
             _f(r.get("gbps"), ".0f"), _f(r.get("copy_pct"), ".0f"), check, base,
-            _f(r.get("ratio_base"), ".2f"), _f(r.get("anchor_tflops"), ".0f"),
-            _f(r.get("ratio_anchor"), ".2f"), _f(r.get("target_tflops"), ".0f"), note)
+            _f(r.get("ratio_base"), ".2f"))
+    if measured:
+        return head + _dg_cells(r) + (note,)
+    return head + (_f(r.get("anchor_tflops"), ".0f"),
+                   _f(r.get("ratio_anchor"), ".2f"), _f(r.get("target_tflops"), ".0f"), note)
+
+
+def summary_line(kind: str, s: dict) -> str:
+    """One kind's summary line; DeepGEMM's measured ratios when the run
+    timed it (``dg_shapes`` in ``s``), else the ratios to its H200 figure."""
+    line = (f"{kind:>10}: {s['shapes']} shapes, {s['check_failures']} check failures; "
+            f"geomean ×cuBLASLt {_f(s['geomean_vs_cublaslt'], '.3f')} over {s['baseline_shapes']} "
+            f"(min {_f(s['min_vs_cublaslt'], '.2f')}; events/events "
+            f"{_f(s.get('geomean_vs_cublaslt_events'), '.3f')}); ")
+    if "dg_shapes" in s:
+        line += (f"geomean ×DeepGEMM (same run) {_f(s['geomean_vs_dg_same_run'], '.3f')} over "
+                 f"{s['dg_shapes']} (min {_f(s['min_vs_dg_same_run'], '.2f')}, {s['below_dg_same_run']} "
+                 f"below 1.0, {s['below_target_same_run']} below the 1.10× target; events/events "
+                 f"{_f(s.get('geomean_vs_dg_same_run_events'), '.3f')}"
+                 + (f"; DeepGEMM failed on {s['dg_failures']}" if s.get("dg_failures") else "") + ")")
+    else:
+        line += (f"geomean ×DeepGEMM {_f(s['geomean_vs_deepgemm'], '.3f')} over {s['anchored_shapes']}, "
+                 f"{s['below_deepgemm']} below DeepGEMM, {s['below_target']} below the 1.10× target")
+    if s.get("min_copy_pct_m_le_128") is not None:
+        line += f"; min %copy at M<=128: {s['min_copy_pct_m_le_128']:.0f}%"
+    return line
 
 
 def print_report(meta: dict, rows: list[dict], summary: dict) -> None:
@@ -303,19 +444,16 @@ def print_report(meta: dict, rows: list[dict], summary: dict) -> None:
         else "CUDA events (no torch: no CUPTI)" if timers == {"events"}
         else "CUPTI where measured, else CUDA events (per row: 'timer' in --json)")
         + "; 'µs ev' = CUDA events around each launch (adds the GPU launch latency)")
-    print_table("cugemm8 FP8 GEMM benchmark", COLUMNS, [table_row(r) for r in rows])
-    lines = []
-    for kind, s in summary.items():
-        lines.append(
-            f"{kind:>10}: {s['shapes']} shapes, {s['check_failures']} check failures; "
-            f"geomean ×cuBLASLt {_f(s['geomean_vs_cublaslt'], '.3f')} over {s['baseline_shapes']} "
-            f"(min {_f(s['min_vs_cublaslt'], '.2f')}; events/events "
-            f"{_f(s.get('geomean_vs_cublaslt_events'), '.3f')}); geomean ×DeepGEMM "
-            f"{_f(s['geomean_vs_deepgemm'], '.3f')} over {s['anchored_shapes']}, "
-            f"{s['below_deepgemm']} below DeepGEMM, {s['below_target']} below the 1.10× target"
-            + (f"; min %copy at M<=128: {s['min_copy_pct_m_le_128']:.0f}%"
-               if s.get("min_copy_pct_m_le_128") is not None else ""))
-    print("\n".join(lines))
+    measured = deepgemm_measured(rows)
+    if measured:
+        print(f"  DeepGEMM: {meta.get('deepgemm', 'timed in this run')}; 'DeepGEMM µs' with the row's timer, "
+              "'×DeepGEMM' = its time / cugemm8's (> 1: cugemm8 faster), checked first like cugemm8")
+    else:
+        print("  DeepGEMM: its H200 figure (docs/benchmarks.md, anchor 1), not measured in this run"
+              + (f" ({meta['deepgemm']})" if meta.get("deepgemm") else "; --deepgemm times it"))
+    print_table("cugemm8 FP8 GEMM benchmark", COLUMNS_DG if measured else COLUMNS,
+                [table_row(r, measured) for r in rows])
+    print("\n".join(summary_line(kind, s) for kind, s in summary.items()))
 
 
 # ----------------------------------------------------------------------------
@@ -353,8 +491,9 @@ def _plain_2_5(v, _pos=None) -> str:
 
 def plot_results(meta: dict, rows: list[dict], path: str) -> None:
     """Three panels over the shapes, grouped by kind (and M for normal GEMMs):
-    cugemm8's speed-up over cuBLASLt and over DeepGEMM's H200 figure on a
-    linear axis (1.0 = parity, the 1.10x target marked); TFLOPS of the three;
+    cugemm8's speed-up over cuBLASLt and over DeepGEMM (timed in the run with
+    --deepgemm, else its H200 figure) on a linear axis (1.0 = parity, the
+    1.10x target marked); TFLOPS of the three;
     and a roofline (TFLOPS against FLOP per byte, FP8 peak and copy roofs).
     The title names the cugemm8 version, commit, device and timer."""
     import matplotlib
@@ -383,10 +522,15 @@ def plot_results(meta: dict, rows: list[dict], path: str) -> None:
                 ax.text((lo + hi - 1) / 2, 1.01, name, transform=ax.get_xaxis_transform(),
                         ha="center", va="bottom", fontsize=10, fontweight="bold")
 
+    # DeepGEMM timed in the run (--deepgemm) replaces its H200 figure.
+    measured = deepgemm_measured(rows)
+    dg_name, dg_ratio, dg_tf = (("same run", "ratio_dg", "dg_tflops") if measured
+                                else ("H200 figure", "ratio_anchor", "anchor_tflops"))
+
     # Panel 1: speed-up, linear.
     half = 0.38
     ratios = (("× cuBLASLt (same run)", "ratio_base", colors["cuBLASLt"]),
-              ("× DeepGEMM (H200 figure)", "ratio_anchor", colors["DeepGEMM"]))
+              (f"× DeepGEMM ({dg_name})", dg_ratio, colors["DeepGEMM"]))
     top = max([r.get(key) or 0.0 for r in rows for _, key, _ in ratios] + [TARGET_FACTOR])
     for i, (name, key, color) in enumerate(ratios):
         xs = [v + (i - 0.5) * half for v in x]
@@ -395,10 +539,14 @@ def plot_results(meta: dict, rows: list[dict], path: str) -> None:
         for p, v in zip(xs, vals):
             if v:
                 ax_ratio.text(p, v + 0.01 * top, f"{v:.2f}", ha="center", va="bottom", rotation=90, fontsize=8)
-    for p, r in zip(x, rows):                  # why a cuBLASLt bar is missing
+    for p, r in zip(x, rows):                  # why a cuBLASLt (or DeepGEMM) bar is missing
         status = r.get("base_status") or ""
         if not r.get("ratio_base") and status:
             ax_ratio.text(p - 0.5 * half, 0.02 * top, "wrong" if status.startswith("wrong") else "n/a",
+                          ha="center", va="bottom", rotation=90, fontsize=7, color="dimgray")
+        dg_status = r.get("dg_status") or ""
+        if measured and not r.get("ratio_dg") and dg_status not in ("", "ok"):   # why no DeepGEMM bar
+            ax_ratio.text(p + 0.5 * half, 0.02 * top, dg_status.split(":")[0].split()[0],
                           ha="center", va="bottom", rotation=90, fontsize=7, color="dimgray")
     ax_ratio.axhline(1.0, color="black", lw=1.0, label="1.0: as fast")
     ax_ratio.axhline(TARGET_FACTOR, color="tab:red", lw=1.0, ls="--",
@@ -414,12 +562,13 @@ def plot_results(meta: dict, rows: list[dict], path: str) -> None:
     # Panel 2: TFLOPS, log (the shapes span 30-1500 TFLOPS).
     third = 0.27
     series = (("cugemm8", "tflops"), ("cuBLASLt blockwise (same run)", "base_tflops"),
-              ("DeepGEMM (H200 figure)", "anchor_tflops"))
+              (f"DeepGEMM ({dg_name})", dg_tf))
     for i, ((name, key), color) in enumerate(zip(series, colors.values())):
         vals = [r.get(key) for r in rows]
         ax_tf.bar([v + (i - 1) * third for v, t in zip(x, vals) if t], [t for t in vals if t], third,
                   label=name, color=color)
-    targets = [r.get("target_tflops") for r in rows]
+    targets = ([r["dg_tflops"] * TARGET_FACTOR if r.get("dg_tflops") else None for r in rows] if measured
+               else [r.get("target_tflops") for r in rows])
     ax_tf.scatter([v for v, t in zip(x, targets) if t], [t for t in targets if t], marker="_", s=160,
                   color="tab:red", label=f"target ({TARGET_FACTOR:.2f}× DeepGEMM)", zorder=3)
     ax_tf.set_yscale("log")
@@ -485,7 +634,7 @@ def _commit() -> str:
         return "?"
 
 
-def collect_meta(args, copy_gbps: float) -> dict:
+def collect_meta(args, copy_gbps: float, deepgemm: str | None = None) -> dict:
     import common
     import cupy as cp
     import cugemm8
@@ -503,7 +652,30 @@ def collect_meta(args, copy_gbps: float) -> dict:
         "copy_gbps": copy_gbps, "peak_tflops": PEAK_TFLOPS, "reps": args.reps, "warmup": args.warmup,
         "flush_mb": common.FLUSH_BYTES >> 20, "seed": args.seed,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "deepgemm": deepgemm,        # None: not asked (--deepgemm); 'n/a: why'; or what was timed
     }
+
+
+def open_deepgemm(args, shapes: list[Shape]):
+    """(:mod:`deepgemm_anchor` with every shape's kernel prewarmed, or None;
+    the meta note): ``--deepgemm``'s start-up.  Never fatal: when DeepGEMM
+    is not usable the reason is printed and kept, and the run goes on."""
+    if not args.deepgemm:
+        return None, None
+    try:
+        import deepgemm_anchor
+        dg_mod, why = deepgemm_anchor.load()
+    except Exception as exc:          # a broken install must not end the cugemm8 run
+        dg_mod, why = None, "DeepGEMM not usable (" + " ".join(f"{type(exc).__name__}: {exc}".split())[:200] + ")"
+    if dg_mod is None:
+        print(f"--deepgemm: {why}; going on without it")
+        return None, f"n/a: {why}"
+    try:
+        print(deepgemm_anchor.prewarm(warm_specs(shapes)))
+    except Exception as exc:          # each shape's first call then compiles its kernel
+        print(f"--deepgemm: prewarm failed ({type(exc).__name__}: {exc}); first calls will compile")
+    version = getattr(dg_mod, "__version__", "?")
+    return deepgemm_anchor, f"DeepGEMM {version} timed in this run ({Path(dg_mod.__file__).parent})"
 
 
 def run_benchmarks(args) -> tuple[dict, list[dict]]:
@@ -513,13 +685,14 @@ def run_benchmarks(args) -> tuple[dict, list[dict]]:
     if reason is not None:
         raise SystemExit(f"bench_gemm: no usable Hopper GPU: {reason}")
     shapes = bench_shapes(args.kinds, args.quick, args.m1)
+    dg, dg_note = open_deepgemm(args, shapes)
     copy_gbps = common.copy_bandwidth_gbps()
-    meta = collect_meta(args, copy_gbps)
+    meta = collect_meta(args, copy_gbps, dg_note)
     flush = common.L2Flush()
     rows = []
     for i, shape in enumerate(shapes):
         print(f"[{i + 1}/{len(shapes)}] {shape.kind} {shape.label()}", file=sys.stderr, flush=True)
-        rows.append(bench_shape(shape, args, flush, copy_gbps))
+        rows.append(bench_shape(shape, args, flush, copy_gbps, dg))
         time.sleep(args.pause)
     return meta, rows
 
@@ -535,6 +708,10 @@ def parse_args(argv):
     p.add_argument("--pause", type=float, default=0.2, help="seconds of idle between shapes (default 0.2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-baseline", action="store_true", help="skip the cuBLASLt (torch) baseline")
+    p.add_argument("--deepgemm", action="store_true",
+                   help="time DeepGEMM (an importable deep_gemm v2.x, e.g. v2.6.1 on PYTHONPATH) in the same "
+                        "run on the same bytes, every kind, instead of quoting its H200 figure; "
+                        "without a usable DeepGEMM the run says why and goes on")
     p.add_argument("--json", metavar="OUT", help="write meta, rows and summary as JSON")
     p.add_argument("--plot", metavar="OUT.png", help="write a bar chart + roofline (matplotlib)")
     p.add_argument("--from-json", metavar="IN", help="re-render a saved --json result (no GPU needed)")

@@ -94,6 +94,19 @@ struct TileScheduler {
     }
   }
 
+  // Cluster tile `ct` of a grid walked in bands of `band` indices of the
+  // banded dimension (`num_banded` of them), that dimension fastest within a
+  // band and the other (`num_other`) next; the last band is narrower.
+  __device__ __forceinline__ static void banded(uint32_t ct, uint32_t band, uint32_t num_banded,
+                                                uint32_t num_other, uint32_t& banded_idx, uint32_t& other_idx) {
+    const uint32_t b = ct / (band * num_other);
+    const uint32_t start = b * band;
+    const uint32_t width = min(band, num_banded - start);
+    const uint32_t in_band = ct - b * band * num_other;
+    other_idx = in_band / width;
+    banded_idx = start + in_band % width;
+  }
+
   __device__ __forceinline__ bool next(Tile& t) {
     uint32_t ct = cluster_id + (iter++) * num_clusters;
     uint32_t mc, nc;
@@ -130,19 +143,9 @@ struct TileScheduler {
       }
       if (ct >= num_cluster_m * kNumClusterN) return false;
       if constexpr (kRasterM) {
-        const uint32_t band = ct / (kBandM * kNumClusterN);
-        const uint32_t band_start = band * kBandM;
-        const uint32_t width = min(kBandM, num_cluster_m - band_start);
-        const uint32_t in_band = ct - band * kBandM * kNumClusterN;
-        nc = in_band / width;
-        mc = band_start + in_band % width;
+        banded(ct, kBandM, num_cluster_m, kNumClusterN, mc, nc);
       } else {
-        const uint32_t band = ct / (kBandN * num_cluster_m);
-        const uint32_t band_start = band * kBandN;
-        const uint32_t width = constexpr_min(kBandN, kNumClusterN - band_start);
-        const uint32_t in_band = ct - band * kBandN * num_cluster_m;
-        mc = in_band / width;
-        nc = band_start + in_band % width;
+        banded(ct, kBandN, kNumClusterN, num_cluster_m, nc, mc);
       }
       t.valid_m = shape_m;
     }

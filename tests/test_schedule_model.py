@@ -33,6 +33,15 @@ def _cdiv(a, b):
     return -(-a // b)
 
 
+def _banded(ct, band, num_banded, num_other):
+    """(banded index, other index) of cluster tile ct (TileScheduler::banded)."""
+    b = ct // (band * num_other)
+    start = b * band
+    width = min(band, num_banded - start)
+    in_band = ct - b * band * num_other
+    return start + in_band % width, in_band // width
+
+
 def schedule(kind, m, n, bm, bn, grid, mc=1, on_a=False, splits=1):
     """Yield (cta, m_block, n_block, pass, phantom) in each CTA's order
     (TileScheduler::next for 'normal' and 'contiguous').  ``splits`` = 2:
@@ -63,17 +72,9 @@ def schedule(kind, m, n, bm, bn, grid, mc=1, on_a=False, splits=1):
             if ct >= cluster_m * cluster_n:
                 break
             if bn > bm:          # kRasterM: bands of cluster-rows, M fastest
-                band = ct // (BAND_M * cluster_n)
-                start = band * BAND_M
-                width = min(BAND_M, cluster_m - start)
-                in_band = ct - band * BAND_M * cluster_n
-                ncl, mcl = in_band // width, start + in_band % width
+                mcl, ncl = _banded(ct, BAND_M, cluster_m, cluster_n)
             else:
-                band = ct // (BAND_N * cluster_m)
-                start = band * BAND_N
-                width = min(BAND_N, cluster_n - start)
-                in_band = ct - band * BAND_N * cluster_m
-                mcl, ncl = in_band // width, start + in_band % width
+                ncl, mcl = _banded(ct, BAND_N, cluster_n, cluster_m)
             mb = mcl * pair_m + (rank if pair_m == 2 else 0)
             nb = ncl * pair_n + (rank if pair_n == 2 else 0)
             yield cta, mb, nb, p, (mb >= num_m or nb >= num_n)

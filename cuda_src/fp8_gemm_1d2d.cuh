@@ -267,7 +267,7 @@ struct GemmTraits {
 //                  >= shape_m, which are never stored.  A box of M rows moves
 //                  no zero-filled rows through TMA: at M = 1 the 64-row box
 //                  cost up to 1.8x the M = 64 time (benches/RESULTS.md v0.8).
-//   flags          kFlagBEvictFirst or 0 (above)
+//   flags          kFlagBEvictFirst, kFlagAPow2Scale (common.cuh) or 0
 //   sfb            B scales, row-major [num_groups, ceil(N/128), ceil(K/128)] f32
 //   grouped_layout nullptr (normal), m_indices [m_sum] (contiguous) or masked_m [G] (masked), int32
 //   d_ptr, ld_d    D base and row stride in elements (masked partial-tile stores)

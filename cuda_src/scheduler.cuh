@@ -31,7 +31,7 @@
 // with benches/experiments/v0.17/plan_band.json): 128x192 tiles
 // 3.5-5.2 % faster on the contiguous layout at K = 2048 (with and without A
 // multicast) and 1.9 % on the normal 4096x2112x7168; 256x128 tiles were
-// 0.5 % faster to 5.4 % slower (4096x32768x512), so they keep the N bands.
+// 1.0 % faster to 5.4 % slower (4096x32768x512), so they keep the N bands.
 // (DeepGEMM groups along M without multicast on A, along N with it, 8 or 16
 // blocks by a footprint rule; bands of 16 or 8 n-blocks with A multicast
 // measured within +-1 % of these.)

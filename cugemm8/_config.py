@@ -253,9 +253,12 @@ SWAP_AB_MAX_STAGES = 24
 # WGMMAs, each m64n8k32 instead of m64n32k32) when each CTA still has at
 # least SWAP_AB_TWIN_MIN_KB K blocks.  Measured on the H200 at 4096x7168
 # (benches/RESULTS.md v0.16 and v0.17): 15-17 % faster at M <= 8 after a
-# clean L2, within +-1.3 % after the benches' dirty flush; at M = 16-32 it
-# loses 3-8 % after the dirty flush, and the other (N, K) pairs either do not
-# have that pick or were measured no faster, so only this family is switched.
+# clean L2, 0.3-2 % slower after the benches' dirty flush; at M = 16-32 it
+# loses 3-8 % after the dirty flush, and the other DeepSeek-V3 (N, K) pairs
+# either do not have that pick or were measured no faster, so only this
+# family of picks is switched.  The rule keys on the pick, not on the
+# shape: other N that give a one-wave 64x32 pick (about 3500-4224) with K of
+# 4096 or more take the twin too, by the same mechanism but unmeasured.
 SWAP_AB_TWIN_MAX_M = 8
 SWAP_AB_TWIN_BLOCK_N = 32
 SWAP_AB_TWIN_MIN_KB = 16

@@ -365,6 +365,9 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
     kb = -(-k // 128)
     if cfg.swap_ab and (kind != "normal" or num_groups != 1):
         raise ValueError(f"config {cfg} (swap_ab) runs the normal GEMM only, not kind {kind!r}")
+    if cfg.swap_ab and x_dtype is not None and cfg.block_m != _config.QUANT_A_MAX_ROWS:
+        raise ValueError(f"config {cfg} (swap_ab) quantises {x_dtype} activations only with a token tile "
+                         f"of {_config.QUANT_A_MAX_ROWS} (cugemm8._config.quant_a_config)")
     if b_evict_first(rows, cfg.block_m, k):
         flags |= FLAG_B_EVICT_FIRST
     name = _kernel_name(cfg, n, k, _GEMM_TYPE[kind], num_groups, x_dtype)

@@ -97,9 +97,11 @@ def test_every_instantiation_compiles_without_spills(report):
 
 
 def test_one_kernel_form_covers_most_decode_picks():
-    """The in-kernel quantisation exists for the BLOCK_M = 64 one-warpgroup
-    picks: five of the six DeepSeek-V3 (N, K) at M = 1 (all but 7168 x 16384,
-    whose pick runs two math warpgroups)."""
+    """The 1D2D kernel's in-kernel quantisation exists for the BLOCK_M = 64
+    one-warpgroup picks at M = 1: 2112 x 7168, 24576 x 1536, 32768 x 512,
+    7168 x 2048 and 576 x 7168 (not 7168 x 16384, whose pick runs two math
+    warpgroups, nor 4096 x 7168, whose swap-AB pick's form is in
+    _swap_ab_names)."""
     names = _one_kernel_names()
     assert len(names) >= 5 * len(_gemm.A_IN_CODES)
     assert all(name.endswith((", 1>", ", 2>", ", 3>")) for name in names)

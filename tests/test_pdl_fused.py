@@ -10,6 +10,8 @@ tests/test_pdl_fused_gpu.py.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -384,6 +386,22 @@ def test_quant_a_config():
                 _config.make_config("normal", 64, 64, 10, k, num_sms=112, num_multicast=2, num_math_warpgroups=1),
                 _config.make_config("masked", 64, 64, 10, k, num_sms=112, num_math_warpgroups=1)):
         assert _config.quant_a_config(cfg, k, 2) is None, cfg
+
+
+def test_swap_ab_quantises_x_only_with_a_token_tile_of_8():
+    """A swap-AB config launched on float activations (only through its
+    quant_a_config twin, token tile 8) is refused with a ValueError before
+    any compile or descriptor, e.g. a tuned 16-token tile; quant_a_config
+    gives such a pick no one-kernel form, so gemm_fp8 takes two kernels."""
+    k = 7168
+    cfg = _config.make_config("normal", 16, 64, 16, k, num_k_splits=2, num_sms=128, swap_ab=True)
+    assert _config.quant_a_config(cfg, k, 2) is None
+    with pytest.raises(ValueError, match="token tile of 8"):
+        _gemm._prepare_launch(cfg, "normal", 4096, k, 1, 4, 4, None, None, None, None, None, None, 1,
+                              x_dtype="bfloat16")
+    with pytest.raises(ValueError, match="normal GEMM only"):
+        _gemm._prepare_launch(_config.quant_a_config(dataclasses.replace(cfg, block_m=8), k, 2), "masked",
+                              4096, k, 2, 4, 4, None, None, None, None, None, None, 2)
 
 
 def test_one_kernel_form_captures_without_a_workspace_and_is_cached(monkeypatch):

@@ -801,13 +801,13 @@ def test_one_kernel_form_reads_strided_rows_in_place(cp, rng, weights):
         fused_vs_two_launch(cp, x, rhs, what="strided x")
 
 
+@pytest.mark.parametrize("m,n,k", [(8, 7168, 2048), (4, 4096, 7168)], ids=["1d2d-64x56", "swap-ab"])
 @pytest.mark.parametrize("pdl_on", [False, True], ids=["pdl-off", "pdl-on"])
-def test_one_kernel_form_captures_without_a_workspace(cp, rng, weights, pdl_on):
+def test_one_kernel_form_captures_without_a_workspace(cp, rng, weights, pdl_on, m, n, k):
     """Nothing temporary: the call captures without a workspace and replays
-    to the two-launch bits of each new x.  (7168 x 2048: a 64x56 pick;
-    4096 x 7168 at M <= 8 picks the swap-AB kernel, which has no one-kernel
-    form.)"""
-    m, n, k = 8, 7168, 2048
+    to the two-launch bits of each new x, in the 1D2D kernel (7168 x 2048's
+    64x56 pick) and in the swap-AB kernel (4096 x 7168's pick, 256 threads).
+    (The swap-AB case was written after v0.17's last GPU run.)"""
     rhs = weights(n, k)
     x = cp.empty((m, k), BF16)
     x[...] = randn(cp, seed_of(rng), (m, k))

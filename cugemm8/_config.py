@@ -176,7 +176,7 @@ __all__ = [
     "smem_size", "max_stages", "candidate_block_ms", "candidate_block_ns",
     "swizzle_d_bytes", "is_legal", "make_config", "tile_counts", "max_k",
     "format_table", "BENCHMARK_CASES", "split_k_skew", "check_n_k", "math_warpgroup_options",
-    "quant_a_config", "QUANT_A_MAX_ROWS", "swap_ab_smem_size", "swap_ab_max_stages",
+    "quant_a_config", "QUANT_A_MAX_ROWS", "swap_ab_smem_size", "swap_ab_max_stages", "swap_ab_config",
 ]
 
 KINDS = ("normal", "contiguous", "masked")
@@ -939,15 +939,25 @@ def _swap_ab_twin(kind: str, m: int, n: int, k: int, pick: GemmConfig, num_sms: 
             or _ceil_div(n, pick.block_n) > pick.num_sms):
         return None
     bn, splits = 2 * pick.block_n, 2
-    if _ceil_div(k, BLOCK_K) // splits < SWAP_AB_TWIN_MIN_KB:
+    if _ceil_div(k, BLOCK_K) // splits < SWAP_AB_TWIN_MIN_KB or _ceil_div(n, bn) * splits > num_sms:
         return None
-    stages = swap_ab_max_stages(8, bn, k, smem_limit, num_k_splits=splits)
-    ctas = _ceil_div(n, bn) * splits
-    if not stages or ctas > num_sms:
-        return None
-    twin = make_config("normal", 8, bn, stages, k, num_k_splits=splits, num_sms=ctas, swap_ab=True)
-    ok, _ = is_legal(twin, k=k, available_sms=num_sms, smem_limit=smem_limit)
-    return twin if ok else None
+    return swap_ab_config(m, n, k, 8, bn, SWAP_AB_MAX_STAGES, num_sms, splits, smem_limit)
+
+
+def swap_ab_config(m: int, n: int, k: int, bm: int, bn: int, stages: int, num_sms: int,
+                   splits: int = 1, smem_limit: int = SMEM_LIMIT) -> GemmConfig | None:
+    """The swap-AB config of a ``bm`` (tokens) x ``bn`` (weight rows) tile at
+    most ``stages`` deep (fewer where fewer fit ``smem_limit``), split K over
+    ``splits`` CTAs, on as many CTAs as it has tiles times splits (up to
+    ``num_sms``, a multiple of ``splits``), or None if illegal
+    (:func:`is_legal`).  select_config's twin rule and ``cugemm8 tune``'s
+    forced configs (cugemm8._tune.forced_swap_ab_config) build it here."""
+    stages = min(stages, swap_ab_max_stages(bm, bn, k, smem_limit, num_k_splits=splits) or stages)
+    tiles = _ceil_div(max(m, 1), bm) * _ceil_div(n, bn)
+    grid = max(min(num_sms - num_sms % splits, tiles * splits), splits)
+    cfg = make_config("normal", bm, bn, stages, k, num_k_splits=splits, num_sms=grid, swap_ab=True)
+    ok, _ = is_legal(cfg, k=k, available_sms=num_sms, smem_limit=smem_limit)
+    return cfg if ok else None
 
 
 def _short_k_stages(kind: str, m: int, bm: int, bn: int, k: int, splits: int, stages: int) -> int:

@@ -73,13 +73,8 @@ def forced_swap_ab_config(m: int, n: int, k: int, bm: int, bn: int, stages: int,
     """The swap-AB config of a ``bm`` (tokens) x ``bn`` (weight rows) tile at
     most ``stages`` deep, split K over ``splits`` CTAs, on as many CTAs as it
     has tiles times splits (up to ``num_sms``, a multiple of ``splits``), or
-    None if illegal."""
-    stages = min(stages, _config.swap_ab_max_stages(bm, bn, k, num_k_splits=splits) or stages)
-    tiles = -(-max(m, 1) // bm) * -(-n // bn)
-    grid = max(min(num_sms - num_sms % splits, tiles * splits), splits)
-    cfg = _config.make_config("normal", bm, bn, stages, k, num_k_splits=splits, num_sms=grid, swap_ab=True)
-    ok, _ = _config.is_legal(cfg, k=k, available_sms=num_sms)
-    return cfg if ok else None
+    None if illegal (:func:`cugemm8._config.swap_ab_config`)."""
+    return _config.swap_ab_config(m, n, k, bm, bn, stages, num_sms, splits)
 
 
 def parse_config(text: str, kind: str, m: int, n: int, k: int, num_groups: int, num_sms: int):

@@ -255,19 +255,18 @@ def _bench_picks():
 
 @pytest.mark.compile
 def test_kernels_compile_without_spills():
-    from cugemm8 import _jit
+    from tests.test_kernel_compile import compile_report
     todo = sorted(set(COMPILE) | set(_bench_picks()))
     names = [f"cugemm8::fp8_gemm_1d1d_kernel<{n}, {bm}, {bn}, {s}, {t}, {g}, {str(tma).lower()}>"
              for n, bm, bn, s, t, g, tma in todo]
     for n, bm, bn, s, t, g, tma in todo:
         assert C1.is_legal(C1.make_config(bm, bn, s, 132, tma))[0], (bm, bn, s, tma)
-    want_sass = _jit.find_tool("ptxas") is not None and _jit.find_tool("cuobjdump") is not None
-    rep = _jit.compile_only(G1._HEADER, names, sass=want_sass)
+    rep = compile_report(G1._HEADER, names)
     assert len(rep.resources) == len(names)
     for r in rep.resources.values():
         assert r.spill_stores == 0 and r.spill_loads == 0 and r.stack_frame == 0, r
     assert not rep.warnings, rep.warnings
-    if want_sass:
+    if rep.sass is not None:            # compile_report: SASS when ptxas and cuobjdump are found
         assert "QGMMA" in rep.sass or "HGMMA" in rep.sass
         assert not re.findall(r"\bF(?:ADD|MUL|FMA)\S*\.FTZ\b", rep.sass)
 

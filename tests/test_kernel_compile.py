@@ -81,10 +81,17 @@ def _names():
     return sorted(names)
 
 
+def compile_report(header: str, names) -> "_jit.CompileReport":
+    """_jit.compile_only of ``names`` from ``header``, with SASS when ptxas
+    and cuobjdump are found (the SASS tests skip or, under CI, fail through
+    the ``sass_tools`` fixture otherwise)."""
+    want_sass = _jit.find_tool("ptxas") is not None and _jit.find_tool("cuobjdump") is not None
+    return _jit.compile_only(header, names, sass=want_sass)
+
+
 @pytest.fixture(scope="module")
 def report():
-    want_sass = _jit.find_tool("ptxas") is not None and _jit.find_tool("cuobjdump") is not None
-    return _jit.compile_only("fp8_gemm_1d2d.cuh", _names(), sass=want_sass)
+    return compile_report("fp8_gemm_1d2d.cuh", _names())
 
 
 def test_every_instantiation_compiles_without_spills(report):
@@ -302,8 +309,7 @@ def _swap_ab_names():
 
 @pytest.fixture(scope="module")
 def swap_ab_report():
-    want_sass = _jit.find_tool("ptxas") is not None and _jit.find_tool("cuobjdump") is not None
-    return _jit.compile_only("fp8_gemm_swap_ab.cuh", _swap_ab_names(), sass=want_sass)
+    return compile_report("fp8_gemm_swap_ab.cuh", _swap_ab_names())
 
 
 def test_swap_ab_instantiations_compile_clean(swap_ab_report):

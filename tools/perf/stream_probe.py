@@ -58,25 +58,6 @@ SRC = r"""
 #include "ptx/tma.cuh"
 using namespace cugemm8;
 
-__device__ __forceinline__ void tma_load_2d(void* dst, const TmaDescriptor* desc, uint64_t* bar,
-                                            int32_t c0, int32_t c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4}], [%2];"
-      ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(desc)), "r"(smem_addr(bar)),
-        "r"(c0), "r"(c1) : "memory");
-}
-
-// tma_load_2d with an L2 cache-policy hint (createpolicy's 64-bit policy).
-__device__ __forceinline__ void tma_load_2d_hint(void* dst, const TmaDescriptor* desc, uint64_t* bar,
-                                                 int32_t c0, int32_t c1, uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%3, %4}], [%2], %5;"
-      ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(desc)), "r"(smem_addr(bar)),
-        "r"(c0), "r"(c1), "l"(policy) : "memory");
-}
-
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
@@ -153,9 +134,9 @@ __global__ void __launch_bounds__(64) tma_feed(const __grid_constant__ TmaDescri
   const uint64_t policy = kEvictFirst ? l2_policy_evict_first() : 0;
   tma_ring<R, S>(smem, 0, n, k, R * 128, out, [&](int, uint8_t* dst, uint64_t* bar, int t, int kb) {
     if (kEvictFirst) {
-      tma_load_2d_hint(dst, &tmap, bar, kb * 128, t * R, policy);
+      tma_load_3d_hint(dst, &tmap, bar, policy, kb * 128, t * R, 0);
     } else {
-      tma_load_2d(dst, &tmap, bar, kb * 128, t * R);
+      tma_load_3d(dst, &tmap, bar, kb * 128, t * R, 0);
     }
   });
 }
@@ -176,9 +157,9 @@ __global__ void __launch_bounds__(64) tma_feed_a(const __grid_constant__ TmaDesc
   tma_ring<R, S>(smem, S * 256, n, k, R * 128 + 128 + 16, out,
                  [&](int s, uint8_t* dst, uint64_t* bar, int t, int kb) {
     uint8_t* a_dst = smem + S * R * 128 + s * 256;
-    tma_load_2d(a_dst, &tmap_a, bar, kb * 128, a_row);
-    tma_load_2d(a_dst + 128, &tmap_sfa, bar, 0, a_row * kblocks + kb);
-    tma_load_2d_hint(dst, &tmap, bar, kb * 128, t * R, policy);
+    tma_load_3d(a_dst, &tmap_a, bar, kb * 128, a_row, 0);
+    tma_load_3d(a_dst + 128, &tmap_sfa, bar, 0, a_row * kblocks + kb, 0);
+    tma_load_3d_hint(dst, &tmap, bar, policy, kb * 128, t * R, 0);
   });
 }
 
@@ -350,6 +331,10 @@ def main() -> int:
     for n, k in DEEPSEEK_NK[:6]:
         b = cp.random.randint(0, 255, size=(n, k), dtype=cp.uint8)
         nbytes = n * k
+
+        def weights_map(r, b=b, n=n, k=k):
+            # B's tensor map with R-row x 128-byte boxes (the GEMM's, 128-byte swizzle)
+            return _tma.make_descriptor("u8", b.data.ptr, [k, n, 1], [k, k * n], [128, r, 1], swizzle=128)
         timed("empty", n, k, 0.0, lambda: fe((sms,), (384,), (out,), shared_mem=200 * 1024))
         for (r, s), per_sm in [(x, 1) for x in TMA] + [(x, 2) for x in TMA_X2]:
             if n % r:
@@ -357,7 +342,7 @@ def main() -> int:
             fn = fns[f"tma_feed<{r},{s},false>"]
             smem = s * r * 128 + 16 * s + 1024
             smem_attr(fn, smem)
-            desc = _tma.make_descriptor("u8", b.data.ptr, [k, n], [k], [128, r], swizzle=128)
+            desc = weights_map(r)
             grid = min(n // r, sms * per_sm)
             timed(f"tma {r}x{s}" + (" x2" if per_sm == 2 else ""), n, k, nbytes,
                   lambda fn=fn, desc=desc, grid=grid, smem=smem:
@@ -394,20 +379,22 @@ def main() -> int:
             fn = fns[f"tma_feed<{r},{s},true>"]
             smem = s * r * 128 + 16 * s + 1024
             smem_attr(fn, smem)
-            desc = _tma.make_descriptor("u8", b.data.ptr, [k, n], [k], [128, r], swizzle=128)
+            desc = weights_map(r)
             timed(f"tma-ef {r}x{s}", n, k, nbytes,
                   lambda fn=fn, desc=desc, smem=smem, r=r:
                   fn((min(n // r, sms),), (64,), (desc, cp.int32(n), cp.int32(k), out), shared_mem=smem))
         a_rows = 256
         a_buf = cp.random.randint(0, 255, size=(a_rows, k), dtype=cp.uint8)
         sfa_buf = cp.random.randint(0, 255, size=(a_rows * (k // 128), 16), dtype=cp.uint8)
-        tmap_a = _tma.make_descriptor("u8", a_buf.data.ptr, [k, a_rows], [k], [128, 1], swizzle=0)
-        tmap_sfa = _tma.make_descriptor("u8", sfa_buf.data.ptr, [16, a_rows * (k // 128)], [16], [16, 1],
+        tmap_a = _tma.make_descriptor("u8", a_buf.data.ptr, [k, a_rows, 1], [k, k * a_rows], [128, 1, 1],
+                                      swizzle=0)
+        sfa_rows = a_rows * (k // 128)
+        tmap_sfa = _tma.make_descriptor("u8", sfa_buf.data.ptr, [16, sfa_rows, 1], [16, 16 * sfa_rows], [16, 1, 1],
                                         swizzle=0)
         for r, s in TMA_A:
             if n % r:
                 continue
-            desc = _tma.make_descriptor("u8", b.data.ptr, [k, n], [k], [128, r], swizzle=128)
+            desc = weights_map(r)
             smem = s * r * 128 + s * 256 + 16 * s + 1024
             for private in ("false", "true"):
                 fn = fns[f"tma_feed_a<{r},{s},{private}>"]

@@ -28,7 +28,10 @@ what DeepGEMM's ``bench_kineto`` reports).  The switches the v0.4 experiments
 used are in git (``git show
 35b25a1:benches/results/variants_v0.4/experiment_switches.patch``); the
 patch applies to commit 690ab92's ``cuda_src/`` (check that tree out to try
-them again).  Prints one line per (case, variant).  With ``VARIANT_TREES=DIR`` the
+them again).  Cases of the training kinds (``wgrad``, ``k_grouped``: the
+1D1D kernel, ``fp8_gemm_1d1d.cuh``, timed without ``c``) take configs
+``'BMxBN sS [tma]'``; their ``#define`` switches are not supported (use
+replacements).  Prints one line per (case, variant).  With ``VARIANT_TREES=DIR`` the
 variant trees are kept in DIR (see :func:`trees_dir`), so a later process
 (``forced_gemm.py`` with ``VARIANT=``) reuses the kernels compiled here.
 """
@@ -53,10 +56,42 @@ sys.path.insert(1, str(_HERE.parents[1] / "benches"))
 import cupy as cp  # noqa: E402
 
 import common  # noqa: E402
-from cugemm8 import _config, _jit, gemm as G  # noqa: E402
-from cugemm8.cli import (Shape, bf16_to_f64, calc_diff, gemm_call, make_operands,  # noqa: E402
+from cugemm8 import _config, _config_1d1d as C1, _jit, gemm as G, gemm_1d1d as G1  # noqa: E402
+from cugemm8.cli import (Shape, calc_diff, gemm_call, make_operands, out_to_f64,  # noqa: E402
                          poisoned_out, reference)
 from sweep_configs import parse_config  # noqa: E402
+
+#: Kinds the 1D1D kernel (fp8_gemm_1d1d.cuh) runs; their configs read
+#: ``'BMxBN sS [tma]'`` (grid: the tiles, up to the SMs).
+TRAINING_KINDS = ("wgrad", "k_grouped")
+_1D1D_RE = re.compile(r"(\d+)x(\d+) s(\d+)( tma)?")
+
+
+def parse_case_config(text: str, s: Shape, num_sms: int):
+    """The forced config of one case: a 1D2D / swap-AB config (sweep_configs)
+    or, for the training kinds, a 1D1D one (None when illegal)."""
+    if s.kind not in TRAINING_KINDS:
+        return parse_config(text, s, num_sms)
+    mt = _1D1D_RE.fullmatch(text.strip())
+    if mt is None:
+        raise ValueError(f"1D1D config {text!r} is not of the form 'BMxBN sS [tma]'")
+    bm, bn, st = (int(mt.group(i)) for i in (1, 2, 3))
+    tiles = s.num_groups * -(-s.m // bm) * -(-s.n // bn)
+    cfg = C1.make_config(bm, bn, st, max(1, min(num_sms, tiles)), bool(mt.group(4)))
+    return cfg if C1.is_legal(cfg)[0] else None
+
+
+def kernel_of(cfg, s: Shape) -> tuple[str, str]:
+    """(header, name expression) of the kernel ``cfg`` launches for ``s``."""
+    if s.kind in TRAINING_KINDS:
+        name = G1._kernel_name(cfg, s.n, G1._GROUPED_K if s.kind == "k_grouped" else G1._NORMAL, s.num_groups)
+        return G1._HEADER, name
+    name = G._kernel_name(cfg, s.n, s.k, G._GEMM_TYPE[s.kind], s.num_groups)
+    return G._header_of(name), name
+
+
+def forced(cfg, s: Shape):
+    return G1._forced_config(cfg) if s.kind in TRAINING_KINDS else G._forced_config(cfg)
 
 KERNEL = "fp8_gemm_1d2d.cuh"
 
@@ -150,7 +185,7 @@ def variant(tree: Path, spec: dict):
 
 def _build(item) -> str | None:
     try:
-        _jit.get_kernel(G._header_of(item[0]), item[0], max_dynamic_smem=item[1])
+        _jit.get_kernel(item[0], item[1], max_dynamic_smem=item[2])
         return None
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"[:400]
@@ -187,15 +222,14 @@ def main(argv=None) -> int:
             for s, text, vname in jobs:
                 if vname != name:
                     continue
-                cfg = parse_config(text, s, num_sms)
+                cfg = parse_case_config(text, s, num_sms)
                 configs[(s, text, vname)] = cfg
                 if cfg is not None:
-                    gt = G._GEMM_TYPE[s.kind]
-                    todo.append((G._kernel_name(cfg, s.n, s.k, gt, s.num_groups), cfg.smem_bytes))
+                    todo.append((*kernel_of(cfg, s), cfg.smem_bytes))
             with ThreadPoolExecutor(max_workers=16) as pool:
                 for t, err in zip(sorted(set(todo)), pool.map(_build, sorted(set(todo)))):
                     if err:
-                        print(f"  {name}: {t[0]}: {err}", flush=True)
+                        print(f"  {name}: {t[1]}: {err}", flush=True)
     print(f"compiled in {time.perf_counter() - t0:.1f} s", flush=True)
 
     flush = common.L2Flush()
@@ -207,19 +241,20 @@ def main(argv=None) -> int:
         ops = make_operands(s, cp, seed=0, vary=False)
         ref, _ = reference(ops, s, cp)
         valid = ops["valid"]
-        flops = 2 * s.m * s.num_groups * s.n * s.k
+        # k-grouped: k is the groups' total tokens, each group's product [m, n]
+        flops = 2 * s.m * s.n * s.k * (1 if s.kind == "k_grouped" else s.num_groups)
         for text, name in items:
             cfg = configs[(s, text, name)]
             row = {"shape": s.label(), "kind": s.kind, "config": text, "variant": name}
             if cfg is None:
                 row["status"] = "illegal"
             else:
-                with variant(trees[name], plan["variants"][name]), G._forced_config(cfg):
+                with variant(trees[name], plan["variants"][name]), forced(cfg, s):
                     try:
                         out = poisoned_out(s, ops, cp)
                         run = gemm_call(s, ops, out)
                         run()
-                        diff = calc_diff(bf16_to_f64(out, cp)[valid], ref[valid], cp)
+                        diff = calc_diff(out_to_f64(out, cp)[valid], ref[valid], cp)
                         row["calc_diff"] = diff
                         unchecked = plan["variants"][name].get("unchecked", False)
                         if not diff < 1e-3 and not unchecked:

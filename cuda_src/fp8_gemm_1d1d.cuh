@@ -28,16 +28,21 @@
 //   final[m, n] = fma(fl32(SFA[m, kb] * SFB[n, kb]), partial[m, n], final[m, n]),
 //
 // the order cugemm8.reference.promoted_accumulation_model_1d1d models (after
-// DeepGEMM's sm90_fp8_gemm_1d1d.cuh, which promotes the same way).  With
-// BLOCK_M = 128 B's scales for a thread's columns are read into registers
-// before the WGMMAs and the stage is released as soon as they complete
-// (DeepGEMM's order); with 256 (two sub-tiles per warpgroup) they are read
-// from the stage during each promotion and the stage is released after both.
+// DeepGEMM's sm90_fp8_gemm_1d1d.cuh, which promotes the same way).  Three
+// forms of the K loop: BLOCK_M = 128 and BLOCK_N <= 128 (kPipelineMma: three
+// tiles of accumulators fit) issue K block j + 1's WGMMAs before block j is
+// promoted; BLOCK_M = 128 and BLOCK_N > 128 read B's scales for a thread's
+// columns into registers before the WGMMAs and release the stage as soon as
+// they complete (DeepGEMM's order); with 256 (two sub-tiles per warpgroup)
+// they are read from the stage during each promotion and the stage is
+// released after both.  The orders tried and not kept are measured in
+// benches/RESULTS.md v0.18.
 //
 // Epilogue, two forms (kTmaStore):
 //   * TMA (no C, or C = D in place): each math warpgroup stages its 64-row
-//     sub-tile 32 columns at a time (64 x 32 FP32, 128-byte swizzled: the
-//     fragment's 8-byte stores are conflict-free) in two alternating 8 KB
+//     sub-tile 32 columns at a time (64 x 32 FP32, 128-byte swizzled; the
+//     fragment's 8-byte stores take about 4 wavefronts each, measured to
+//     cost under 2 %: benches/RESULTS.md v0.18) in two alternating 8 KB
 //     buffers, and one thread stores each chunk with a TMA tile store, or
 //     with C = D a TMA reduce-add (the L2 adds: fl32(C + D), as the
 //     register form; an empty k-group leaves C = D untouched).  Nothing
@@ -87,6 +92,11 @@ struct Gemm1d1dTraits {
   static constexpr uint32_t kNumMathThreads = 128 * kNumMathWG;
   static constexpr uint32_t kNumThreads = kNumMathThreads + 128;
   static constexpr uint32_t kNumAccum = BLOCK_N / 2;          // f32 per thread per 64 x BLOCK_N
+  // WGMMAs pipelined across K blocks (a second accumulator: K block j + 1's
+  // WGMMAs run while block j is promoted) where three tiles of accumulators
+  // fit: one 64-row sub-tile per warpgroup and BLOCK_N <= 128.
+  static constexpr bool kPipelineMma = kWaves == 1 && BLOCK_N <= 128;
+  static constexpr uint32_t kPipeUnroll = 8;                 // K blocks per pipelined chunk
   using Smem = SmemLayout1d1d<BLOCK_M, BLOCK_N, kNumStages, kTmaStore>;
   static constexpr uint32_t kDChunks = BLOCK_N / 32;          // TMA epilogue: 32-column chunks per sub-tile
   // Bytes one stage's four boxes deliver (TMA counts the zero-filled
@@ -94,9 +104,10 @@ struct Gemm1d1dTraits {
   static constexpr uint32_t kTxBytes = Smem::kA + Smem::kB + BLOCK_M * 4u + BLOCK_N * 4u;
   static_assert(BLOCK_M == 128 || BLOCK_M == 256, "BLOCK_M must be 128 or 256");
   static_assert(BLOCK_N % 8 == 0 && BLOCK_N >= 8 && BLOCK_N <= 256, "WGMMA N is a multiple of 8 in [8, 256]");
-  // Accumulators, final tile(s) and (one sub-tile per warpgroup) B's scales:
-  // cugemm8/_config_1d1d.py _registers_needed (128 x 176 and 128 x 192 spilled).
-  static_assert((kWaves + 1) * kNumAccum + (kWaves == 1 ? BLOCK_N / 4 : 0) <= 208,
+  // Accumulators (two with kPipelineMma), final tile(s) and (one sub-tile
+  // per warpgroup, unpipelined) B's scales: cugemm8/_config_1d1d.py
+  // _registers_needed (128 x 176 and 128 x 192 spilled).
+  static_assert((kPipelineMma ? 3 : kWaves + 1) * kNumAccum + (kWaves == 1 && !kPipelineMma ? BLOCK_N / 4 : 0) <= 208,
                 "accumulators and scales would not fit in 232 registers");
   static_assert(kNumStages >= 2 && kNumStages <= 16, "2..16 pipeline stages");
   static_assert(Smem::kTotal <= 232448, "shared memory exceeds the sm_90 opt-in limit (232,448 B)");
@@ -238,57 +249,118 @@ fp8_gemm_1d1d_kernel(uint32_t shape_m, uint32_t shape_k, const int32_t* __restri
       }
       // Promotion with a scale per element: the thread's columns are i*8 +
       // 2*(lane%4) + {0, 1} (the m64nNk32 accumulator fragment).
-      auto promote = [&](float* fin, float sa0, float sa1, uint32_t i, float2 sb) {
-        const float* a = accum + i * 4;
+      auto promote_from = [&](const float* acc, float* fin, float sa0, float sa1, uint32_t i, float2 sb) {
+        const float* a = acc + i * 4;
         float* f = fin + i * 4;
         f[0] = fma_rn(mul_rn(sa0, sb.x), a[0], f[0]);
         f[1] = fma_rn(mul_rn(sa0, sb.y), a[1], f[1]);
         f[2] = fma_rn(mul_rn(sa1, sb.x), a[2], f[2]);
         f[3] = fma_rn(mul_rn(sa1, sb.y), a[3], f[3]);
       };
-      #pragma unroll 1
-      for (uint32_t j = 0; j < kb_count; ++j) {
-        const uint32_t s = pipe.stage;
-        mbarrier_wait(full_bar + s, pipe.phase);
-        const float* sfb_stage = smem_sfb(s);
+      auto promote = [&](float* fin, float sa0, float sa1, uint32_t i, float2 sb) {
+        promote_from(accum, fin, sa0, sa1, i, sb);
+      };
+      if constexpr (T::kPipelineMma) {
+        // K blocks in chunks of kPipeUnroll: block u + 1's WGMMAs are issued
+        // (into the other of `accum` / `accum_b`) before block u is waited
+        // for and promoted, so every promotion but a chunk's last overlaps
+        // this warpgroup's next WGMMAs (chunks of 8 measured faster than 4
+        // or 2).  Both scales are read from block u's stage during its
+        // promotion, and the stage is released after it.  No WGMMA group stays in flight across a
+        // chunk's end (across the loop's back edge ptxas serialises every
+        // WGMMA, C7514).  Same operations in the same order on every value
+        // as the unpipelined loop: the output bits do not change.
+        float accum_b[kNumAccum];
         const uint32_t r = row_off(0) + warp * 16 + lane / 4;
-        if constexpr (kWaves == 1) {
-          // DeepGEMM's order: both scales into registers, the WGMMAs, the
-          // stage released as soon as they completed, then the promotion
-          // (overlapping the refill and the other warpgroup's WGMMAs).
+        auto start = [&](float* acc) {
+          const uint32_t s = pipe.stage;
+          mbarrier_wait(full_bar + s, pipe.phase);
+          wgmma_fp8_k128<BLOCK_N, kNumAccum>(acc, desc_a0 + s * Smem::kA / 16, desc_b0 + s * Smem::kB / 16);
+          pipe.advance();
+          return s;
+        };
+        auto finish = [&](float* acc, uint32_t s) {
+          #pragma unroll
+          for (uint32_t i = 0; i < kNumAccum; ++i) fence_operand(acc[i]);
           const float sa0 = smem_sfa(s)[r], sa1 = smem_sfa(s)[r + 8];
-          float2 sb[kNumAccum / 4];
+          const float* sfb_stage = smem_sfb(s);
           #pragma unroll
           for (uint32_t i = 0; i < kNumAccum / 4; ++i)
-            sb[i] = *reinterpret_cast<const float2*>(sfb_stage + i * 8 + (lane % 4) * 2);
-          issue_mma(s, 0);
-          wgmma_wait_group<0>();
-          #pragma unroll
-          for (uint32_t i = 0; i < kNumAccum; ++i) fence_operand(accum[i]);
+            promote_from(acc, final_accum[0], sa0, sa1, i,
+                         *reinterpret_cast<const float2*>(sfb_stage + i * 8 + (lane % 4) * 2));
           __syncwarp();
           if (lane == 0) mbarrier_arrive(empty_bar + s);
+        };
+        auto chunk = [&](auto count) {
+          constexpr uint32_t U = decltype(count)::value;
+          uint32_t stage[U];
           #pragma unroll
-          for (uint32_t i = 0; i < kNumAccum / 4; ++i) promote(final_accum[0], sa0, sa1, i, sb[i]);
-        } else {
-          // Two sub-tiles per warpgroup: B's scales (too many to keep in
-          // registers beside two tiles of accumulators) are read from the
-          // stage during each promotion, and the stage is released after both.
-          #pragma unroll
-          for (uint32_t v = 0; v < kWaves; ++v) {
-            const float sa0 = smem_sfa(s)[r + v * 128], sa1 = smem_sfa(s)[r + v * 128 + 8];
-            issue_mma(s, v);
+          for (uint32_t u = 0; u < U; ++u) {
+            stage[u] = start(u % 2 ? accum_b : accum);
+            if (u > 0) {
+              wgmma_wait_group<1>();
+              finish((u - 1) % 2 ? accum_b : accum, stage[u - 1]);
+            }
+          }
+          wgmma_wait_group<0>();
+          finish((U - 1) % 2 ? accum_b : accum, stage[U - 1]);
+        };
+        uint32_t j = 0;
+        #pragma unroll 1
+        for (; j + T::kPipeUnroll <= kb_count; j += T::kPipeUnroll) chunk(UConst<T::kPipeUnroll>{});
+        #pragma unroll 1
+        for (; j + 2 <= kb_count; j += 2) chunk(UConst<2>{});
+        if (j < kb_count) chunk(UConst<1>{});
+      } else {
+        #pragma unroll 1
+        for (uint32_t j = 0; j < kb_count; ++j) {
+          const uint32_t s = pipe.stage;
+          mbarrier_wait(full_bar + s, pipe.phase);
+          const float* sfb_stage = smem_sfb(s);
+          const uint32_t r = row_off(0) + warp * 16 + lane / 4;
+          if constexpr (kWaves == 1) {
+            // DeepGEMM's order: both scales into registers, the WGMMAs, the
+            // stage released as soon as they completed, then the promotion
+            // (overlapping the refill and the other warpgroup's WGMMAs).
+            // Measured slower (RESULTS v0.18): the loads after the WGMMAs
+            // were issued (+19-26 %: they wait behind the WGMMAs' shared-memory
+            // reads), the next block's scales read during this promotion
+            // (+2-4 %), 16-byte scale loads (no change), the two warpgroups'
+            // WGMMAs taking turns through named barriers (+2-5 %).
+            const float sa0 = smem_sfa(s)[r], sa1 = smem_sfa(s)[r + 8];
+            float2 sb[kNumAccum / 4];
+            #pragma unroll
+            for (uint32_t i = 0; i < kNumAccum / 4; ++i)
+              sb[i] = *reinterpret_cast<const float2*>(sfb_stage + i * 8 + (lane % 4) * 2);
+            issue_mma(s, 0);
             wgmma_wait_group<0>();
             #pragma unroll
             for (uint32_t i = 0; i < kNumAccum; ++i) fence_operand(accum[i]);
+            __syncwarp();
+            if (lane == 0) mbarrier_arrive(empty_bar + s);
             #pragma unroll
-            for (uint32_t i = 0; i < kNumAccum / 4; ++i)
-              promote(final_accum[v], sa0, sa1, i,
-                      *reinterpret_cast<const float2*>(sfb_stage + i * 8 + (lane % 4) * 2));
+            for (uint32_t i = 0; i < kNumAccum / 4; ++i) promote(final_accum[0], sa0, sa1, i, sb[i]);
+          } else {
+            // Two sub-tiles per warpgroup: B's scales (too many to keep in
+            // registers beside two tiles of accumulators) are read from the
+            // stage during each promotion, and the stage is released after both.
+            #pragma unroll
+            for (uint32_t v = 0; v < kWaves; ++v) {
+              const float sa0 = smem_sfa(s)[r + v * 128], sa1 = smem_sfa(s)[r + v * 128 + 8];
+              issue_mma(s, v);
+              wgmma_wait_group<0>();
+              #pragma unroll
+              for (uint32_t i = 0; i < kNumAccum; ++i) fence_operand(accum[i]);
+              #pragma unroll
+              for (uint32_t i = 0; i < kNumAccum / 4; ++i)
+                promote(final_accum[v], sa0, sa1, i,
+                        *reinterpret_cast<const float2*>(sfb_stage + i * 8 + (lane % 4) * 2));
+            }
+            __syncwarp();
+            if (lane == 0) mbarrier_arrive(empty_bar + s);
           }
-          __syncwarp();
-          if (lane == 0) mbarrier_arrive(empty_bar + s);
+          pipe.advance();
         }
-        pipe.advance();
       }
 
       // ---------------------------------------------------------------- epilogue

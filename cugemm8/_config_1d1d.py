@@ -58,6 +58,8 @@ BLOCK_K = 128
 SMEM_LIMIT = 232448
 MAX_STAGES = 16
 MIN_STAGES = 3
+#: BLOCK_N up to which a 128-row tile pipelines its WGMMAs (fp8_gemm_1d1d.cuh kPipelineMma)
+PIPELINE_MAX_BLOCK_N = 128
 REGISTER_LIMIT = 208          # of the 232 a math thread has after setmaxnreg (128x176 spilled)
 BLOCK_M_CANDIDATES = (128, 256)
 #: The BLOCK_M values :func:`select_config` considers.  256 (two sub-tiles per
@@ -135,9 +137,14 @@ def tma_store_ok(block_n: int) -> bool:
 
 def _registers_needed(block_m: int, block_n: int) -> int:
     """FP32 registers per math thread held across the promotion: the WGMMA
-    accumulators and the final tile(s), BLOCK_N / 2 each, and with BLOCK_M =
-    128 B's scales for the thread's columns (BLOCK_N / 4)."""
+    accumulators and the final tile(s), BLOCK_N / 2 each; with BLOCK_M = 128
+    and BLOCK_N <= 128 the kernel pipelines the WGMMAs across K blocks
+    (``kPipelineMma``: a second accumulator, scales read during the
+    promotion), otherwise BLOCK_M = 128 also holds B's scales for the
+    thread's columns (BLOCK_N / 4)."""
     waves = block_m // 128
+    if waves == 1 and block_n <= PIPELINE_MAX_BLOCK_N:
+        return 3 * block_n // 2
     return (waves + 1) * block_n // 2 + (block_n // 4 if waves == 1 else 0)
 
 

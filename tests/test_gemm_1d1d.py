@@ -269,6 +269,29 @@ def test_kernels_compile_without_spills():
     if rep.sass is not None:            # compile_report: SASS when ptxas and cuobjdump are found
         assert "QGMMA" in rep.sass or "HGMMA" in rep.sass
         assert not re.findall(r"\bF(?:ADD|MUL|FMA)\S*\.FTZ\b", rep.sass)
+        _check_k_loop_forms(rep.sass)
+
+
+_NAME_ARGS = re.compile(r"fp8_gemm_1d1d_kernelI" + r"Lj(\d+)E" * 6 + r"Lb([01])E")
+
+
+def _check_k_loop_forms(sass: str) -> None:
+    """The K loop's form per kernel (fp8_gemm_1d1d.cuh): BLOCK_M = 128 with
+    BLOCK_N <= 128 pipelines its WGMMAs in chunks of 8, 2 and 1 K blocks
+    (44 QGMMAs, 11 waits; the first ten wait with the next block's group in
+    flight: ``WARPGROUP.DEPBAR.LE gsb0, 0x1``), the other tiles issue one K
+    block (per sub-tile) at a time.  In every kernel ptxas waits once per
+    K block's four k32 WGMMAs (a wait per WGMMA is its serialisation,
+    C7514); benches/RESULTS.md v0.18 measured the pipelined form."""
+    from tests.test_kernel_compile import wgmma_waits
+    kernels = list(wgmma_waits(sass, _NAME_ARGS))
+    assert kernels
+    for name, args, qgmma, waits, overlapped in kernels:
+        bm, bn = int(args.group(2)), int(args.group(3))
+        pipelined = bm == 128 and bn <= C1.PIPELINE_MAX_BLOCK_N
+        assert len(waits) * 4 == len(qgmma), f"{name}: {len(waits)} waits for {len(qgmma)} WGMMAs"
+        assert len(qgmma) == (44 if pipelined else 4 * bm // 128), f"{name}: {len(qgmma)} WGMMAs"
+        assert overlapped == pipelined, name
 
 
 def test_k_bound_and_names_in_messages():

@@ -137,6 +137,19 @@ def test_sass_uses_fp8_wgmma(report, sass_tools):
 
 # fp8_gemm_1d2d_kernel<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, stages, multicast,
 # multicast on A, D swizzle, GEMM type, groups, K splits, math warpgroups, A input>
+def wgmma_waits(sass: str, name_re: "re.Pattern"):
+    """Per kernel function of a SASS listing: its name, ``name_re``'s match
+    in it (asserted), its QGMMA lines, those that wait for their group
+    (``gsb0``), and whether a wait leaves the next group in flight
+    (``WARPGROUP.DEPBAR.LE gsb0, 0x1``: WGMMAs pipelined across K blocks)."""
+    for body in re.split(r"\n\s*Function : ", sass)[1:]:
+        name = body.splitlines()[0].strip()
+        args = name_re.search(name)
+        assert args, name
+        qgmma = [ln for ln in body.splitlines() if "QGMMA" in ln]
+        yield name, args, qgmma, [ln for ln in qgmma if "gsb0" in ln], "WARPGROUP.DEPBAR.LE gsb0, 0x1" in body
+
+
 _KERNEL_ARGS = re.compile(r"fp8_gemm_1d2d_kernelI" + r"Lj(\d+)E" * 6 + r"Lb([01])E" + r"Lj(\d+)E" * 6 + "E")
 
 
@@ -148,17 +161,10 @@ def test_one_warpgroup_decode_kernels_overlap_k_blocks(report, sass_tools):
     (ptxas then gives every QGMMA its own ``gsb0`` wait instead of one per
     K block's four).  The output bits are the same either way; this guards
     the measured speed (benches/RESULTS.md v0.15)."""
-    funcs = re.split(r"\n\s*Function : ", report.sass)[1:]
     checked = 0
-    for body in funcs:
-        name = body.splitlines()[0].strip()
-        args = _KERNEL_ARGS.search(name)
-        assert args, name
+    for name, args, qgmma, waits, overlapped in wgmma_waits(report.sass, _KERNEL_ARGS):
         block_n, math_wgs = int(args.group(4)), int(args.group(12))
-        qgmma = [ln for ln in body.splitlines() if "QGMMA" in ln]
-        waits = [ln for ln in qgmma if "gsb0" in ln]
         assert 2 * len(waits) < len(qgmma), f"{name}: WGMMAs serialised ({len(waits)} of {len(qgmma)} wait)"
-        overlapped = "WARPGROUP.DEPBAR.LE gsb0, 0x1" in body
         assert overlapped == (math_wgs == 1 and block_n <= 96), f"{name}: K-block overlap {overlapped}"
         checked += overlapped
     assert checked >= 10, checked

@@ -212,23 +212,11 @@ fp8_gemm_swap_ab_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, c
     }
     // (the other producer lanes have nothing to do)
     if constexpr (kQuantA) {
-      // Warps 1 .. kNumConverterWarps beside the producer warp (quant_a.cuh);
-      // block j is this CTA's j-th K block (every tile has the same K range,
-      // so block j is K block kb_begin + j % kb_count).
-      const uint32_t cw = (threadIdx.x - producer_leader) / 32;
-      if (cw >= 1 && cw <= kNumConverterWarps) {
-        uint32_t num_blocks = 0;
-        while (scheduler.next(tile)) num_blocks += kb_count;
-        const uint32_t x_box_bytes = a_box_rows * 128u * kXBytes;
-        // Load x's box of block j into its stage's slot (lane 0).
-        auto load_x = [&](uint32_t j) {
-          const uint32_t s = j % kNumStages;
-          mbarrier_arrive_expect_tx(x_full_bar + s, x_box_bytes);
-          tma_load_3d(smem_x(s), &tmap_a, x_full_bar + s, static_cast<int32_t>((kb_begin + j % kb_count) * 128u), 0, 0);
-        };
-        QuantAConverter<kXDtype, kNumStages>::run(cw - 1, num_blocks, a_box_rows, (flags & kFlagAPow2Scale) != 0,
-                                                  full_bar, empty_bar, x_full_bar, smem_x, smem_a, smem_sfa, load_x);
-      }
+      // Warps 1 .. kNumConverterWarps of the producer warpgroup quantise A
+      // (quant_a.cuh, QuantAConverter::run_warp; the other warps return).
+      QuantAConverter<kXDtype, kNumStages>::run_warp(
+          (threadIdx.x - producer_leader) / 32, scheduler, kb_begin, kb_count, &tmap_a, a_box_rows,
+          (flags & kFlagAPow2Scale) != 0, full_bar, empty_bar, x_full_bar, smem_x, smem_a, smem_sfa);
     }
   } else {
     // ------------------------------------------------------------------ math

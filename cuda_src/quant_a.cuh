@@ -10,8 +10,8 @@
 // activations x.  One of kNumConverterWarps otherwise idle warps of the
 // producer warpgroup owns each stage (owner = stage % kNumConverterWarps, so
 // it waits on every phase of the stage's barriers in order).  It loads x's
-// [rows, 128] box of a K block into the slot with TMA (the kernel's load_x:
-// tmap_a maps x, no swizzle, K tail zero-filled) a whole ring lap before that
+// [rows, 128] box of a K block into the slot with TMA (run_warp's load_x:
+// the kernel's tmap_a maps x, no swizzle, K tail zero-filled) a whole ring lap before that
 // block is due, as soon as it has converted the slot's previous block; once
 // the math warpgroup has released the stage (its empty barrier), it quantises
 // the rows with the per-token cast's own device functions (quant.cuh: 1x128
@@ -35,6 +35,7 @@
 #include "common.cuh"
 #include "pipeline.cuh"
 #include "ptx/sync.cuh"
+#include "ptx/tma.cuh"
 #include "quant.cuh"
 
 namespace cugemm8 {
@@ -173,6 +174,31 @@ struct QuantAConverter {
         if (j + kNumStages < num_blocks) load_x(j + kNumStages);
       }
     }
+  }
+
+  // The GEMM kernels' entry: warp `cw` of the producer warpgroup converts
+  // if it is one of warps 1 .. kNumConverterWarps (the others return).  It
+  // counts this CTA's K blocks over the tiles `scheduler` still hands out
+  // (every tile has kb_count blocks from kb_begin, so the CTA's block j is K
+  // block kb_begin + j % kb_count) and run()s them, loading x's [rows, 128]
+  // box of each block from tmap_x (x as (K, rows, 1), no swizzle).
+  template <typename Scheduler, typename SmemX, typename SmemA, typename SmemSFA>
+  __device__ __forceinline__ static void run_warp(uint32_t cw, Scheduler& scheduler, uint32_t kb_begin,
+                                                  uint32_t kb_count, const TmaDescriptor* tmap_x, uint32_t rows,
+                                                  bool pow2, uint64_t* full_bar, uint64_t* empty_bar,
+                                                  uint64_t* x_full_bar, SmemX smem_x, SmemA smem_a,
+                                                  SmemSFA smem_sfa) {
+    if (cw < 1 || cw > kNumConverterWarps) return;
+    uint32_t num_blocks = 0;
+    typename Scheduler::Tile tile;
+    while (scheduler.next(tile)) num_blocks += kb_count;
+    const uint32_t x_box_bytes = rows * 128u * kXBytes;
+    auto load_x = [&](uint32_t j) {
+      const uint32_t s = j % kNumStages;
+      mbarrier_arrive_expect_tx(x_full_bar + s, x_box_bytes);
+      tma_load_3d(smem_x(s), tmap_x, x_full_bar + s, static_cast<int32_t>((kb_begin + j % kb_count) * 128u), 0, 0);
+    };
+    run(cw - 1, num_blocks, rows, pow2, full_bar, empty_bar, x_full_bar, smem_x, smem_a, smem_sfa, load_x);
   }
 };
 

@@ -249,7 +249,7 @@ fp8_gemm_1d1d_kernel(uint32_t shape_m, uint32_t shape_k, const int32_t* __restri
       }
       // Promotion with a scale per element: the thread's columns are i*8 +
       // 2*(lane%4) + {0, 1} (the m64nNk32 accumulator fragment).
-      auto promote_from = [&](const float* acc, float* fin, float sa0, float sa1, uint32_t i, float2 sb) {
+      auto promote = [&](const float* acc, float* fin, float sa0, float sa1, uint32_t i, float2 sb) {
         const float* a = acc + i * 4;
         float* f = fin + i * 4;
         f[0] = fma_rn(mul_rn(sa0, sb.x), a[0], f[0]);
@@ -257,8 +257,9 @@ fp8_gemm_1d1d_kernel(uint32_t shape_m, uint32_t shape_k, const int32_t* __restri
         f[2] = fma_rn(mul_rn(sa1, sb.x), a[2], f[2]);
         f[3] = fma_rn(mul_rn(sa1, sb.y), a[3], f[3]);
       };
-      auto promote = [&](float* fin, float sa0, float sa1, uint32_t i, float2 sb) {
-        promote_from(accum, fin, sa0, sa1, i, sb);
+      // B's scales of the thread's columns i*8 + 2*(lane%4) + {0, 1} in a stage.
+      auto sb_pair = [&](const float* sfb_stage, uint32_t i) {
+        return *reinterpret_cast<const float2*>(sfb_stage + i * 8 + (lane % 4) * 2);
       };
       if constexpr (T::kPipelineMma) {
         // K blocks in chunks of kPipeUnroll: block u + 1's WGMMAs are issued
@@ -266,9 +267,9 @@ fp8_gemm_1d1d_kernel(uint32_t shape_m, uint32_t shape_k, const int32_t* __restri
         // for and promoted, so every promotion but a chunk's last overlaps
         // this warpgroup's next WGMMAs (chunks of 8 measured faster than 4
         // or 2).  Both scales are read from block u's stage during its
-        // promotion, and the stage is released after it.  No WGMMA group stays in flight across a
-        // chunk's end (across the loop's back edge ptxas serialises every
-        // WGMMA, C7514).  Same operations in the same order on every value
+        // promotion, and the stage is released after it.  No WGMMA group
+        // stays in flight across a chunk's end (across the loop's back edge
+        // ptxas serialises every WGMMA, C7514).  Same operations in the same order on every value
         // as the unpipelined loop: the output bits do not change.
         float accum_b[kNumAccum];
         const uint32_t r = row_off(0) + warp * 16 + lane / 4;
@@ -286,8 +287,7 @@ fp8_gemm_1d1d_kernel(uint32_t shape_m, uint32_t shape_k, const int32_t* __restri
           const float* sfb_stage = smem_sfb(s);
           #pragma unroll
           for (uint32_t i = 0; i < kNumAccum / 4; ++i)
-            promote_from(acc, final_accum[0], sa0, sa1, i,
-                         *reinterpret_cast<const float2*>(sfb_stage + i * 8 + (lane % 4) * 2));
+            promote(acc, final_accum[0], sa0, sa1, i, sb_pair(sfb_stage, i));
           __syncwarp();
           if (lane == 0) mbarrier_arrive(empty_bar + s);
         };
@@ -331,7 +331,7 @@ fp8_gemm_1d1d_kernel(uint32_t shape_m, uint32_t shape_k, const int32_t* __restri
             float2 sb[kNumAccum / 4];
             #pragma unroll
             for (uint32_t i = 0; i < kNumAccum / 4; ++i)
-              sb[i] = *reinterpret_cast<const float2*>(sfb_stage + i * 8 + (lane % 4) * 2);
+              sb[i] = sb_pair(sfb_stage, i);
             issue_mma(s, 0);
             wgmma_wait_group<0>();
             #pragma unroll
@@ -339,7 +339,7 @@ fp8_gemm_1d1d_kernel(uint32_t shape_m, uint32_t shape_k, const int32_t* __restri
             __syncwarp();
             if (lane == 0) mbarrier_arrive(empty_bar + s);
             #pragma unroll
-            for (uint32_t i = 0; i < kNumAccum / 4; ++i) promote(final_accum[0], sa0, sa1, i, sb[i]);
+            for (uint32_t i = 0; i < kNumAccum / 4; ++i) promote(accum, final_accum[0], sa0, sa1, i, sb[i]);
           } else {
             // Two sub-tiles per warpgroup: B's scales (too many to keep in
             // registers beside two tiles of accumulators) are read from the
@@ -353,8 +353,7 @@ fp8_gemm_1d1d_kernel(uint32_t shape_m, uint32_t shape_k, const int32_t* __restri
               for (uint32_t i = 0; i < kNumAccum; ++i) fence_operand(accum[i]);
               #pragma unroll
               for (uint32_t i = 0; i < kNumAccum / 4; ++i)
-                promote(final_accum[v], sa0, sa1, i,
-                        *reinterpret_cast<const float2*>(sfb_stage + i * 8 + (lane % 4) * 2));
+                promote(accum, final_accum[v], sa0, sa1, i, sb_pair(sfb_stage, i));
             }
             __syncwarp();
             if (lane == 0) mbarrier_arrive(empty_bar + s);

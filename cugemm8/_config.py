@@ -951,7 +951,7 @@ def swap_ab_config(m: int, n: int, k: int, bm: int, bn: int, stages: int, num_sm
     ``splits`` CTAs, on as many CTAs as it has tiles times splits (up to
     ``num_sms``, a multiple of ``splits``), or None if illegal
     (:func:`is_legal`).  select_config's twin rule and ``cugemm8 tune``'s
-    forced configs (cugemm8._tune.forced_swap_ab_config) build it here."""
+    forced configs (cugemm8._tune.parse_config, swap_ab_candidates) build it here."""
     stages = min(stages, swap_ab_max_stages(bm, bn, k, smem_limit, num_k_splits=splits) or stages)
     tiles = _ceil_div(max(m, 1), bm) * _ceil_div(n, bn)
     grid = max(min(num_sms - num_sms % splits, tiles * splits), splits)

@@ -68,14 +68,6 @@ _CONFIG_RE = re.compile(r"(\d+)x(\d+) s(\d+)( w1)?(?: (c2A?|c2B|k2))?(?: sms\d+)
 _SWAP_AB_RE = re.compile(r"(\d+)x(\d+) s(\d+) swapAB(?: k([24]))?(?: sms\d+)?")
 
 
-def forced_swap_ab_config(m: int, n: int, k: int, bm: int, bn: int, stages: int, num_sms: int,
-                          splits: int = 1):
-    """The swap-AB config of a ``bm`` (tokens) x ``bn`` (weight rows) tile at
-    most ``stages`` deep, split K over ``splits`` CTAs, on as many CTAs as it
-    has tiles times splits (up to ``num_sms``, a multiple of ``splits``), or
-    None if illegal (:func:`cugemm8._config.swap_ab_config`)."""
-    return _config.swap_ab_config(m, n, k, bm, bn, stages, num_sms, splits)
-
 
 def parse_config(text: str, kind: str, m: int, n: int, k: int, num_groups: int, num_sms: int):
     """A config from ``'BMxBN sS [w1] [c2|c2A|c2B|k2]'`` (``w1``: one math
@@ -88,8 +80,8 @@ def parse_config(text: str, kind: str, m: int, n: int, k: int, num_groups: int, 
     if ms is not None:
         if kind != "normal" or num_groups != 1:
             return None
-        return forced_swap_ab_config(m, n, k, int(ms.group(1)), int(ms.group(2)), int(ms.group(3)),
-                                     num_sms, int(ms.group(4) or 1))
+        return _config.swap_ab_config(m, n, k, int(ms.group(1)), int(ms.group(2)), int(ms.group(3)),
+                                      num_sms, int(ms.group(4) or 1))
     mt = _CONFIG_RE.fullmatch(text.strip())
     if mt is None:
         raise ValueError(f"config {text!r} is not of the form 'BMxBN sS [w1] [c2|c2A|c2B|k2]' "
@@ -184,7 +176,7 @@ def swap_ab_candidates(m: int, n: int, k: int, num_sms: int) -> list:
         for splits in (1, 2):
             ctas = -(-n // bn) * splits
             if num_sms // 2 <= ctas <= 2 * num_sms:
-                cfg = forced_swap_ab_config(m, n, k, bm, bn, _config.SWAP_AB_MAX_STAGES, num_sms, splits)
+                cfg = _config.swap_ab_config(m, n, k, bm, bn, _config.SWAP_AB_MAX_STAGES, num_sms, splits)
                 if cfg is not None:
                     found.append((ctas > num_sms, -ctas, bn, splits, cfg))
     return [cfg for *_, cfg in sorted(found, key=lambda e: e[:4])]

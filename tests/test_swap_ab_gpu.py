@@ -33,7 +33,7 @@ def cp():
 
 
 def swap(m, n, k, bm, bn, stages, *, splits=1, num_sms=132):
-    cfg = _tune.forced_swap_ab_config(m, n, k, bm, bn, stages, num_sms, splits)
+    cfg = _config.swap_ab_config(m, n, k, bm, bn, stages, num_sms, splits)
     assert cfg is not None and cfg.swap_ab, (m, n, k, bm, bn, stages, splits)
     ok, why = _config.is_legal(cfg, k=k)
     assert ok, why

@@ -344,7 +344,7 @@ def summarize(rows: list[dict]) -> dict:
             "anchored_shapes": sum(r.get("ratio_anchor") is not None for r in sel),
             "min_copy_pct_m_le_128": min(small) if small else None,
         }
-        if any(r.get("dg_status") for r in sel):          # --deepgemm: DeepGEMM timed in this run
+        if deepgemm_measured(sel):
             measured = [r["ratio_dg"] for r in sel if r.get("ratio_dg")]
             out[kind].update({
                 "dg_shapes": len(measured),

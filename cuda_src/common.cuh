@@ -93,5 +93,10 @@ constexpr uint32_t kFlagBEvictFirst = 2u;
 // kFlagAPow2Scale: with A quantised in the kernel (quant_a.cuh), round each activation scale up to a
 // power of two (per_token_cast_to_fp8's pow2_scale).
 constexpr uint32_t kFlagAPow2Scale = 4u;
+// kFlagBBeforeWait: the warp-MMA kernel (fp8_gemm_warp_mma.cuh) loads its
+// first batch of B before griddepcontrol.wait.  Set only by gemm_fp8's fused
+// path, where the kernel's predecessor is cugemm8's quantiser, which never
+// writes B (ptx/griddep.cuh's rule).
+constexpr uint32_t kFlagBBeforeWait = 8u;
 
 }  // namespace cugemm8

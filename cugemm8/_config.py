@@ -262,6 +262,32 @@ SWAP_AB_MAX_STAGES = 24
 SWAP_AB_TWIN_MAX_M = 8
 SWAP_AB_TWIN_BLOCK_N = 32
 SWAP_AB_TWIN_MIN_KB = 16
+# The warp-MMA decode kernel (GemmConfig.warp_mma, cuda_src/fp8_gemm_warp_mma.cuh):
+# every warp streams its share of B into registers with 16-byte loads and
+# multiplies it with m16n8k32 MMAs; no TMA ring, no producer.  select_config
+# picks it for a normal GEMM with 1 <= m <= WARP_MMA_MAX_M whose B holds at
+# most WARP_MMA_MAX_B_BYTES (n * k) bytes, on the whole device (a reduced SM
+# budget keeps the persistent kernels: this grid is not persistent).
+# Measured on the H200 (benches/RESULTS.md v0.19, tools/perf/warp_mma_probe.py,
+# the benches' dirty flush): 1.04-1.13x the previous pick at M = 1 and
+# 1.00-1.11x at M = 8 on the five DeepSeek-V3 (N, K) with B <= 38 MB;
+# 7168x16384 (117 MB, more than the registers of the grid hold in flight)
+# 2-4 % slower, so it keeps its TMA pick.
+WARP_MMA_MAX_M = 8
+WARP_MMA_MAX_B_BYTES = 48 << 20
+# The only measured-best form: one 16-row slab per warp, one token tile of 8,
+# two K blocks loaded ahead per warp (the probe's 270 variants: 32-row slabs,
+# 4 or 8 blocks ahead and a two-batch software pipeline were never faster).
+WARP_MMA_ROW_TILES = 1
+WARP_MMA_UNROLL = 2
+# Warps splitting one slab's K blocks, CTA sizes, and the most registers a
+# thread of the unroll-2 form takes (ptxas: 92-98 over the picks and the
+# tests' forced forms; CI checks every instantiation against it), which
+# bound the CTAs an SM holds.
+WARP_MMA_K_SPLITS = (1, 2, 4, 7, 8, 14, 16)
+WARP_MMA_MIN_THREADS = 128
+WARP_MMA_MAX_THREADS = 512
+WARP_MMA_REGISTERS = 104
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -322,6 +348,8 @@ def quant_a_config(config: GemmConfig, k: int, itemsize: int, smem_limit: int = 
     most that fit its stages with their slots for x (:func:`smem_size` or
     :func:`swap_ab_smem_size` with ``quant_a``), at most 16 (1D2D) or
     :data:`SWAP_AB_MAX_STAGES`."""
+    if config.warp_mma:
+        return None          # the warp-MMA kernel has no converter warps (gemm_fp8: two kernels)
     if config.kind == "normal" and config.swap_ab and config.block_m == QUANT_A_MAX_ROWS:
         stages = swap_ab_max_stages(config.block_m, config.block_n, k, smem_limit,
                                     num_k_splits=config.num_k_splits, quant_a=itemsize)
@@ -528,6 +556,16 @@ class GemmConfig:
             256), one math warpgroup, no multicast, ``num_k_splits`` 1, 2 or
             4 (a cluster of that many CTAs splits K), ``swizzle_d`` 0
             (``str``: ``8x64 s16 swapAB k2 sms128``).
+        warp_mma: the warp-MMA decode kernel (cuda_src/fp8_gemm_warp_mma.cuh,
+            ``'normal'`` only, ``m`` <= 8): no TMA and no shared-memory
+            ring; ``block_m`` is the token tile (8), ``block_n`` the weight
+            rows per CTA (16-row slabs, one per group of warps),
+            ``num_k_splits`` the warps that split one slab's K blocks (1 ...
+            16, partials added in shared memory), ``num_stages`` the K
+            blocks each warp loads ahead (2), ``num_sms`` the number of
+            CTAs (not persistent: it may exceed the SM count), no
+            multicast, no D swizzle (``str``: ``8x16 u2 warpMMA k14
+            ctas132``).
     """
     kind: str                 # 'normal' | 'contiguous' | 'masked'
     block_m: int
@@ -542,8 +580,12 @@ class GemmConfig:
     swizzle_d: int            # D staging swizzle in bytes: 128, 64, 32 or 0
     smem_bytes: int           # smem_size(block_m, block_n, num_stages, k, num_k_splits)
     swap_ab: bool = False     # the swap-AB decode kernel (block_m: tokens, block_n: weight rows)
+    warp_mma: bool = False    # the warp-MMA decode kernel (block_m: tokens, block_n: weight rows per CTA)
 
     def __str__(self) -> str:
+        if self.warp_mma:
+            return (f"{self.block_m}x{self.block_n} u{self.num_stages} warpMMA k{self.num_k_splits} "
+                    f"ctas{self.num_sms}")
         if self.swap_ab:
             ks = f" k{self.num_k_splits}" if self.num_k_splits > 1 else ""
             return f"{self.block_m}x{self.block_n} s{self.num_stages} swapAB{ks} sms{self.num_sms}"
@@ -559,11 +601,20 @@ class GemmConfig:
 def make_config(kind: str, block_m: int, block_n: int, num_stages: int, k: int, *,
                 num_multicast: int = 1, multicast_on_a: bool = False,
                 num_k_splits: int = 1, num_sms: int = 1,
-                num_math_warpgroups: int | None = None, swap_ab: bool = False) -> GemmConfig:
+                num_math_warpgroups: int | None = None, swap_ab: bool = False,
+                warp_mma: bool = False) -> GemmConfig:
     """Build a :class:`GemmConfig` with its derived fields (swizzle, shared
     memory for ``k``; the warpgroup count when ``num_math_warpgroups`` is
     None: the default, 2, or 1 with ``swap_ab``) filled in.  Does not check
     legality: call :func:`is_legal` on the result."""
+    if warp_mma:
+        return GemmConfig(kind=kind, block_m=block_m, block_n=block_n, block_k=BLOCK_K,
+                          num_stages=num_stages,
+                          num_math_warpgroups=1 if num_math_warpgroups is None else num_math_warpgroups,
+                          num_multicast=num_multicast, multicast_on_a=multicast_on_a,
+                          num_k_splits=num_k_splits, num_sms=num_sms, swizzle_d=0,
+                          smem_bytes=warp_mma_smem_size(block_m, block_n, num_k_splits),
+                          warp_mma=True)
     if swap_ab:
         # The given multicast / warpgroup fields are kept (is_legal rejects
         # any but one warpgroup and no multicast), not silently replaced.
@@ -617,6 +668,12 @@ def is_legal(config: GemmConfig | None = None, *, k: int | None = None,
         return False, f"block_k must be {BLOCK_K}, got {c.block_k}"
     if not isinstance(c.swap_ab, bool):
         return False, f"swap_ab must be a bool, got {c.swap_ab!r}"
+    if not isinstance(c.warp_mma, bool):
+        return False, f"warp_mma must be a bool, got {c.warp_mma!r}"
+    if c.warp_mma and c.swap_ab:
+        return False, "warp_mma and swap_ab are two different kernels"
+    if c.warp_mma:
+        return _warp_mma_legal(c, k, smem_limit)
     if c.swap_ab:
         return _swap_ab_legal(c, k, available_sms, smem_limit)
     if bm not in BLOCK_M_CANDIDATES:
@@ -704,6 +761,95 @@ def _swap_ab_legal(c: GemmConfig, k: int | None, available_sms: int | None,
     if available_sms is not None and c.num_sms > available_sms:
         return False, f"grid {c.num_sms} exceeds the {available_sms} SMs available"
     return True, "ok"
+
+
+def warp_mma_smem_size(block_m: int, block_n: int, num_k_splits: int) -> int:
+    """Shared memory of a warp-MMA CTA (cuda_src/fp8_gemm_warp_mma.cuh,
+    WarpMmaSmem): with ``num_k_splits`` > 1, every warp's FP32 partial
+    (16 rows x ``block_m`` tokens) for the cross-warp sum; else none."""
+    if num_k_splits <= 1:
+        return 0
+    return (block_n // 16) * num_k_splits * 16 * block_m * 4
+
+
+def _warp_mma_legal(c: GemmConfig, k: int | None, smem_limit: int) -> tuple[bool, str]:
+    """:func:`is_legal`'s rules for a warp-MMA config (fp8_gemm_warp_mma.cuh's static_asserts)."""
+    if c.kind != "normal":
+        return False, f"warp_mma is for kind 'normal' only, not {c.kind!r}"
+    if c.block_m != 8:
+        return False, f"warp_mma block_m (the token tile) must be 8, got {c.block_m}"
+    slabs = c.block_n // 16
+    threads = 32 * c.num_k_splits * slabs
+    if c.block_n % 16 or not 1 <= slabs <= 32:
+        return False, f"warp_mma block_n must be 16 times 1 ... 32 slabs, got {c.block_n}"
+    if c.num_k_splits not in WARP_MMA_K_SPLITS:
+        return False, f"warp_mma num_k_splits must be one of {WARP_MMA_K_SPLITS}, got {c.num_k_splits}"
+    if not WARP_MMA_MIN_THREADS <= threads <= WARP_MMA_MAX_THREADS:
+        return False, (f"warp_mma CTAs of {threads} threads (32 * num_k_splits * block_n / 16) are outside "
+                       f"[{WARP_MMA_MIN_THREADS}, {WARP_MMA_MAX_THREADS}]")
+    if c.num_stages != WARP_MMA_UNROLL:
+        return False, f"warp_mma num_stages (K blocks loaded ahead per warp) must be {WARP_MMA_UNROLL}, got {c.num_stages}"
+    if (c.num_math_warpgroups, c.num_multicast, c.multicast_on_a, c.swizzle_d) != (1, 1, False, 0):
+        return False, "warp_mma has no math warpgroups, multicast or D swizzle fields to set"
+    if k is not None and _ceil_div(k, BLOCK_K) < c.num_k_splits:
+        return False, f"k = {k} has fewer 128-wide K blocks than num_k_splits {c.num_k_splits}"
+    size = warp_mma_smem_size(c.block_m, c.block_n, c.num_k_splits)
+    if c.smem_bytes != size:
+        return False, f"smem_bytes {c.smem_bytes} != warp_mma_smem_size(...) = {size}"
+    if c.smem_bytes > smem_limit:
+        return False, f"smem_bytes {c.smem_bytes} > limit {smem_limit}"
+    if c.num_sms < 1:
+        return False, f"num_sms (the CTAs) must be >= 1, got {c.num_sms}"
+    return True, "ok"
+
+
+def warp_mma_ctas_per_sm(threads: int) -> int:
+    """CTAs of ``threads`` threads one SM holds at :data:`WARP_MMA_REGISTERS`
+    registers a thread (64 K registers, 2048 threads, 32 CTAs per SM)."""
+    return max(0, min(65536 // (threads * WARP_MMA_REGISTERS), 2048 // threads, 32))
+
+
+def warp_mma_config(m: int, n: int, k: int, num_sms: int) -> GemmConfig | None:
+    """The warp-MMA config select_config uses for a normal GEMM (see
+    :data:`WARP_MMA_MAX_M`), or None when the shape is outside the rule.
+
+    Among the K splits of :data:`WARP_MMA_K_SPLITS` and 1 ... 32 slabs per
+    CTA (128 ... 512 threads) with at least one CTA per SM and all of them
+    resident at once (one wave, :func:`warp_mma_ctas_per_sm`): one whose
+    splits share the K blocks evenly, then the most warps in the grid
+    (bytes in flight), then smaller CTAs, then fewer K splits.  None when
+    N has too few 16-row slabs to give every SM a CTA (e.g. 576 x 7168:
+    36 slabs), which was not measured.  This
+    reproduces the fastest or a within-1.5 % variant of the probe's sweep on
+    the five DeepSeek-V3 shapes it serves (benches/RESULTS.md v0.19:
+    2112x7168 k14 x 1 slab, 4096x7168 k8 x 1, 7168x2048 k4 x 1, 32768x512
+    k1 x 4, 24576x1536 k1 x 4)."""
+    if not 1 <= m <= WARP_MMA_MAX_M or n * k > WARP_MMA_MAX_B_BYTES:
+        return None
+    kb = _ceil_div(k, BLOCK_K)
+    slabs_total = _ceil_div(n, 16)
+    best = None
+    for splits in WARP_MMA_K_SPLITS:
+        if splits > kb:
+            continue
+        for slabs in (1, 2, 4, 8, 16, 32):
+            threads = 32 * splits * slabs
+            if not WARP_MMA_MIN_THREADS <= threads <= WARP_MMA_MAX_THREADS:
+                continue
+            ctas = _ceil_div(slabs_total, slabs)
+            per_sm = warp_mma_ctas_per_sm(threads)
+            if per_sm < 1 or not num_sms <= ctas <= per_sm * num_sms:
+                continue
+            key = (kb % splits != 0, -slabs_total * splits, threads, splits)
+            if best is None or key < best[0]:
+                best = (key, splits, slabs, ctas)
+    if best is None:
+        return None
+    _, splits, slabs, ctas = best
+    cfg = make_config("normal", 8, 16 * slabs, WARP_MMA_UNROLL, k, num_k_splits=splits, num_sms=ctas,
+                      warp_mma=True)
+    ok, _ = is_legal(cfg, k=k)
+    return cfg if ok else None
 
 
 def tile_counts(config: GemmConfig, m: int, n: int, num_groups: int = 1) -> tuple[int, int, int]:
@@ -870,7 +1016,7 @@ def _score(kind, bm, bn, stages, mc, on_a, m, n, k, groups, grid,
     return waves * t_tile, executed * bm * bn
 
 
-def _rank(kind, m, n, k, num_groups, num_sms, smem_limit):
+def _rank(kind, m, n, k, num_groups, num_sms, smem_limit, warp_mma=True):
     m_eff = max(m, 1)
     groups = num_groups if kind == "masked" else 1
     rows_of_work = m_eff * groups
@@ -920,7 +1066,11 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit):
     ranked.sort(key=lambda e: e[0])
     out = tuple((key[0], cfg) for key, cfg in ranked)
     twin = _swap_ab_twin(kind, m, n, k, out[0][1], num_sms, smem_limit)
-    return out if twin is None else ((out[0][0], twin),) + out
+    if twin is not None:
+        out = ((out[0][0], twin),) + out
+    wm = warp_mma_config(m, n, k, num_sms) if warp_mma and kind == "normal" else None
+    # The cost model does not model the warp-MMA kernel: it takes the pick's score.
+    return out if wm is None else ((out[0][0], wm),) + out
 
 
 def _swap_ab_twin(kind: str, m: int, n: int, k: int, pick: GemmConfig, num_sms: int,
@@ -979,20 +1129,20 @@ def _short_k_stages(kind: str, m: int, bm: int, bn: int, k: int, splits: int, st
 
 
 def ranked_configs(kind: str, m: int, n: int, k: int, *, num_groups: int = 1,
-                   num_sms: int = 132, smem_limit: int = SMEM_LIMIT
+                   num_sms: int = 132, smem_limit: int = SMEM_LIMIT, warp_mma: bool = True
                    ) -> tuple[tuple[float, GemmConfig], ...]:
     """Every candidate with its estimated cycles, best first (the first is
     :func:`select_config`'s choice).  For inspection and tests."""
-    return _rank(*_validate(kind, m, n, k, num_groups, num_sms, smem_limit))
+    return _rank(*_validate(kind, m, n, k, num_groups, num_sms, smem_limit), warp_mma=warp_mma)
 
 
 @functools.lru_cache(maxsize=8192)
-def _select(kind, m, n, k, num_groups, num_sms, smem_limit) -> GemmConfig:
-    return _rank(kind, m, n, k, num_groups, num_sms, smem_limit)[0][1]
+def _select(kind, m, n, k, num_groups, num_sms, smem_limit, warp_mma=True) -> GemmConfig:
+    return _rank(kind, m, n, k, num_groups, num_sms, smem_limit, warp_mma)[0][1]
 
 
 def select_config(kind: str, m: int, n: int, k: int, *, num_groups: int = 1,
-                  num_sms: int = 132, smem_limit: int = SMEM_LIMIT) -> GemmConfig:
+                  num_sms: int = 132, smem_limit: int = SMEM_LIMIT, warp_mma: bool = True) -> GemmConfig:
     """Choose the kernel configuration for one GEMM ``D[m, n] = A[m, k] B[n, k]^T``.
 
     Arguments:
@@ -1005,11 +1155,16 @@ def select_config(kind: str, m: int, n: int, k: int, *, num_groups: int = 1,
         num_sms: SMs available (the device's count or the user's setting);
             the config's ``num_sms`` is the grid, never more than this.
         smem_limit: opt-in shared memory per block in bytes.
+        warp_mma: whether the warp-MMA decode kernel may be chosen
+            (:func:`warp_mma_config`).  Its grid is not persistent, so the
+            ops allow it only when ``num_sms`` is the whole device (a
+            budget set by :func:`cugemm8.set_num_sms` below the SM count
+            keeps the persistent kernels).
 
     Raises ``ValueError`` naming the argument for impossible values and
     ``TypeError`` for non-integers.  Deterministic and cached.
     """
-    return _select(*_validate(kind, m, n, k, num_groups, num_sms, smem_limit))
+    return _select(*_validate(kind, m, n, k, num_groups, num_sms, smem_limit), bool(warp_mma))
 
 
 # ---------------------------------------------------------------------------

@@ -191,6 +191,15 @@ def get_num_sms(device_id: int | None = None) -> int:
     return n if n is not None else _device_info(device_id)["num_sms"]
 
 
+def is_whole_device(device_id: int) -> bool:
+    """Whether the SM budget of ``device_id`` is the whole device: no
+    :func:`set_num_sms` limit below its SM count (no device query without
+    a limit).  The ops allow kernels whose grid is not persistent (the
+    warp-MMA decode kernel) only then."""
+    n = _num_sms_override.get(device_id)
+    return n is None or n >= _device_info(device_id)["num_sms"]
+
+
 def set_num_sms(num_sms: int, device_id: int | None = None) -> None:
     """Limit the persistent grid of cugemm8 kernels to ``num_sms`` SMs.
 

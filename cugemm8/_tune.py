@@ -66,6 +66,7 @@ def forced_config(kind: str, m: int, n: int, k: int, num_groups: int, bm: int, b
 
 _CONFIG_RE = re.compile(r"(\d+)x(\d+) s(\d+)( w1)?(?: (c2A?|c2B|k2))?(?: sms\d+)?")
 _SWAP_AB_RE = re.compile(r"(\d+)x(\d+) s(\d+) swapAB(?: k([24]))?(?: sms\d+)?")
+_WARP_MMA_RE = re.compile(r"(\d+)x(\d+) u(\d+) warpMMA k(\d+)(?: ctas\d+)?")
 
 
 
@@ -74,8 +75,18 @@ def parse_config(text: str, kind: str, m: int, n: int, k: int, num_groups: int, 
     warpgroup, BLOCK_M 64 only; ``c2`` / ``c2A``: multicast A, ``c2B``:
     multicast B, ``k2``: split K; a trailing ``smsN`` is ignored) or
     ``'BMxBN sS swapAB [k2|k4]'`` (the swap-AB kernel, ``normal`` only) with
-    the largest legal grid, or None if illegal.  Raises ValueError for text
-    in another form."""
+    the largest legal grid, or ``'8xBN uU warpMMA kS'`` (the warp-MMA kernel,
+    ``normal`` only: BN weight rows per CTA, U K blocks ahead, S warps per
+    16-row slab; one CTA per BN rows), or None if illegal.  Raises
+    ValueError for text in another form."""
+    mw = _WARP_MMA_RE.fullmatch(text.strip())
+    if mw is not None:
+        if kind != "normal" or num_groups != 1:
+            return None
+        bm, bn, unroll, splits = (int(mw.group(i)) for i in (1, 2, 3, 4))
+        cfg = _config.make_config("normal", bm, bn, unroll, k, num_k_splits=splits,
+                                  num_sms=-(-n // bn) if bn > 0 else 1, warp_mma=True)
+        return cfg if _config.is_legal(cfg, k=k)[0] else None
     ms = _SWAP_AB_RE.fullmatch(text.strip())
     if ms is not None:
         if kind != "normal" or num_groups != 1:
@@ -84,8 +95,8 @@ def parse_config(text: str, kind: str, m: int, n: int, k: int, num_groups: int, 
                                       num_sms, int(ms.group(4) or 1))
     mt = _CONFIG_RE.fullmatch(text.strip())
     if mt is None:
-        raise ValueError(f"config {text!r} is not of the form 'BMxBN sS [w1] [c2|c2A|c2B|k2]' "
-                         f"or 'BMxBN sS swapAB [k2|k4]'")
+        raise ValueError(f"config {text!r} is not of the form 'BMxBN sS [w1] [c2|c2A|c2B|k2]', "
+                         f"'BMxBN sS swapAB [k2|k4]' or '8xBN uU warpMMA kS'")
     bm, bn, stages = (int(mt.group(i)) for i in (1, 2, 3))
     tag = mt.group(5)
     return forced_config(kind, m, n, k, num_groups, bm, bn, stages, num_sms,
@@ -120,18 +131,20 @@ def unique_configs(configs) -> list:
 
 
 def candidates(kind: str, m: int, n: int, k: int, num_groups: int, num_sms: int, *,
-               top: int = 6, split_k: int = 6, extra=()) -> list:
+               top: int = 6, split_k: int = 6, extra=(), warp_mma: bool = True) -> list:
     """The candidate configs of one shape (see the module docstring), the
     heuristic's pick first, then ``extra`` (e.g. a reference library's own
-    config), without repeats."""
+    config), without repeats.  ``warp_mma``: whether the warp-MMA kernel
+    (not persistent) may be among them, as the ops allow it only on the
+    whole device (:func:`cugemm8._config.select_config`)."""
     saved = _config.MULTICAST_KINDS, _config.MULTICAST_TILES
     _config.MULTICAST_KINDS, _config.MULTICAST_TILES = _config.KINDS, None
     try:
         ranked = [cfg for _, cfg in _config.ranked_configs(kind, m, n, k, num_groups=num_groups,
-                                                           num_sms=num_sms)]
+                                                           num_sms=num_sms, warp_mma=warp_mma)]
     finally:
         _config.MULTICAST_KINDS, _config.MULTICAST_TILES = saved
-    picked = [_config.select_config(kind, m, n, k, num_groups=num_groups, num_sms=num_sms)]
+    picked = [_config.select_config(kind, m, n, k, num_groups=num_groups, num_sms=num_sms, warp_mma=warp_mma)]
     picked += list(extra)
     picked += ranked[:top]
     # The best multicast and the best non-multicast configs, whatever their rank.

@@ -173,6 +173,9 @@ def _entry_problem(e) -> str | None:
     # Optional (entries written before v0.16 lack it: the 1D2D kernel).
     if not isinstance(cfg.get("swap_ab", False), bool):
         return "config.swap_ab is not a bool"
+    # Optional (entries written before v0.19 lack it: not the warp-MMA kernel).
+    if not isinstance(cfg.get("warp_mma", False), bool):
+        return "config.warp_mma is not a bool"
     return None
 
 
@@ -255,7 +258,7 @@ def entry_config(e: dict, k: int):
                                num_multicast=c["num_multicast"], multicast_on_a=c["multicast_on_a"],
                                num_k_splits=c["num_k_splits"], num_sms=c["num_sms"],
                                num_math_warpgroups=c.get("num_math_warpgroups", 2),
-                               swap_ab=c.get("swap_ab", False))
+                               swap_ab=c.get("swap_ab", False), warp_mma=c.get("warp_mma", False))
 
 
 def config_from_entry(e: dict, k: int, available_sms: int):
@@ -362,6 +365,8 @@ def entry_for(kind: str, m: int, n: int, k: int, num_groups: int, env: dict, cfg
                   "num_math_warpgroups": cfg.num_math_warpgroups}
         if cfg.swap_ab:
             config["swap_ab"] = True
+        if cfg.warp_mma:
+            config["warp_mma"] = True
     e = {"env": {f: env[f] for f in ENV_FIELDS}, "kind": kind, "n": int(n), "k": int(k),
          "num_groups": int(num_groups), "m_bucket": m_bucket(m), "config": config}
     e.update(extra)

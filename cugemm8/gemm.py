@@ -76,13 +76,16 @@ if TYPE_CHECKING:
 
 _HEADER = "fp8_gemm_1d2d.cuh"
 _SWAP_AB_HEADER = "fp8_gemm_swap_ab.cuh"
+_WARP_MMA_HEADER = "fp8_gemm_warp_mma.cuh"
 
 
 def _header_of(kernel_name: str) -> str:
     """The ``cuda_src`` header that defines ``kernel_name`` (a name from
-    :func:`_kernel_name`): the swap-AB kernel's or the 1D2D kernel's.  Every
-    place that compiles GEMM kernels ahead of a launch (tune, warmup, the
-    benches and probes) goes through this."""
+    :func:`_kernel_name`): the warp-MMA kernel's, the swap-AB kernel's or
+    the 1D2D kernel's.  Every place that compiles GEMM kernels ahead of a
+    launch (tune, warmup, the benches and probes) goes through this."""
+    if "fp8_gemm_warp_mma_kernel" in kernel_name:
+        return _WARP_MMA_HEADER
     return _SWAP_AB_HEADER if "fp8_gemm_swap_ab_kernel" in kernel_name else _HEADER
 
 
@@ -283,6 +286,11 @@ _X_TMA_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 def _kernel_name(cfg: "_config.GemmConfig", n: int, k: int, gemm_type: int, num_groups: int,
                  x_dtype: str | None = None) -> str:
     a_in = f", {A_IN_CODES[x_dtype]}" if x_dtype is not None else ""
+    if cfg.warp_mma:
+        if x_dtype is not None:
+            raise ValueError(f"config {cfg} (warp_mma) has no form that quantises its activations")
+        return (f"cugemm8::fp8_gemm_warp_mma_kernel<{n}, {k}, {cfg.block_m // 8}, 1, {cfg.num_k_splits}, "
+                f"{cfg.block_n // 16}, {cfg.num_stages}>")
     if cfg.swap_ab:
         return (f"cugemm8::fp8_gemm_swap_ab_kernel<{n}, {k}, {cfg.block_m}, {cfg.block_n}, "
                 f"{cfg.num_stages}, {cfg.num_k_splits}{a_in}>")
@@ -315,7 +323,9 @@ def _choose(kind: str, m: int, n: int, k: int, num_groups: int, device_id: int, 
         cfg = _tuned.lookup(kind, m, n, k, num_groups, _tuned_environment(device_id, num_sms))
         if cfg is not None:
             return cfg, "tuned"
-    return _config.select_config(kind, m, n, k, num_groups=num_groups, num_sms=num_sms), "heuristic"
+    # The warp-MMA kernel's grid is not persistent: only on the whole device.
+    return _config.select_config(kind, m, n, k, num_groups=num_groups, num_sms=num_sms,
+                                 warp_mma=_device.is_whole_device(device_id)), "heuristic"
 
 
 def _select(kind: str, m: int, n: int, k: int, num_groups: int):
@@ -363,6 +373,10 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
     :func:`cugemm8._config.quant_a_config`), and ``sfa`` is None.
     """
     kb = -(-k // 128)
+    if cfg.warp_mma:
+        return _prepare_warp_mma(cfg, kind, n, k, num_groups, shape_m, rows, a, sfa, b, sfb, out, x_dtype, flags)
+    if flags & FLAG_B_BEFORE_WAIT:
+        raise ValueError(f"config {cfg}: only the warp-MMA kernel loads B before its grid-dependency wait")
     if cfg.swap_ab and (kind != "normal" or num_groups != 1):
         raise ValueError(f"config {cfg} (swap_ab) runs the normal GEMM only, not kind {kind!r}")
     if cfg.swap_ab and x_dtype is not None and cfg.block_m != _config.QUANT_A_MAX_ROWS:
@@ -424,11 +438,41 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
     return Launcher(kern, (cfg.num_sms,), (threads,), args, cfg.smem_bytes)
 
 
+def _prepare_warp_mma(cfg, kind, n, k, num_groups, shape_m, rows, a, sfa, b, sfb, out, x_dtype, flags=0):
+    """:func:`_prepare_launch` for a warp-MMA config (cuda_src/fp8_gemm_warp_mma.cuh):
+    raw addresses and strides, no tensor maps.  The operands' layouts are
+    the TMA kernels' (validated already: 16-byte aligned rows, MN-major
+    TMA-aligned ``sfa``, C-contiguous ``sfb``).  ``flags``: 0 or
+    :data:`FLAG_B_BEFORE_WAIT` (gemm_fp8's fused path only)."""
+    if flags & ~FLAG_B_BEFORE_WAIT:
+        raise ValueError(f"config {cfg} (warp_mma) takes no kernel flags but FLAG_B_BEFORE_WAIT, got {flags}")
+    if kind != "normal" or num_groups != 1 or a.ndim != 2:
+        raise ValueError(f"config {cfg} (warp_mma) runs the normal GEMM only, not kind {kind!r}")
+    if x_dtype is not None:
+        raise ValueError(f"config {cfg} (warp_mma) has no form that quantises its activations")
+    if not 1 <= shape_m <= cfg.block_m:
+        raise ValueError(f"config {cfg} (warp_mma) takes 1 ... {cfg.block_m} rows, not m = {shape_m}")
+    kb = -(-k // 128)
+    name = _kernel_name(cfg, n, k, 0, 1)
+    kern = _jit.get_kernel(_header_of(name), name, max_dynamic_smem=cfg.smem_bytes)
+    a_row = a.strides[0] if shape_m > 1 else k
+    d_row = out.strides[0] // 2 if shape_m > 1 else n
+    args = (np.uint32(shape_m), np.uint32(kb), np.uint32(flags), np.uint64(a.data.ptr), np.uint32(a_row),
+            np.uint64(sfa.data.ptr), np.uint32(_scale_pitch(sfa, rows, kb)), np.uint64(b.data.ptr),
+            np.uint32(b.strides[0]), np.uint64(sfb.data.ptr), np.uint64(out.data.ptr), np.uint32(d_row))
+    threads = 32 * cfg.num_k_splits * (cfg.block_n // 16)
+    return Launcher(kern, (cfg.num_sms,), (threads,), args, cfg.smem_bytes)
+
+
 #: common.cuh kFlagBEvictFirst
 FLAG_B_EVICT_FIRST = 2
 #: common.cuh kFlagAPow2Scale: power-of-two scales for the activations
 #: the kernel quantises itself
 FLAG_A_POW2_SCALE = 4
+#: common.cuh kFlagBBeforeWait: the warp-MMA kernel streams its first batch
+#: of B before its grid-dependency wait (gemm_fp8's fused path, whose
+#: predecessor is cugemm8's quantiser: it never writes B)
+FLAG_B_BEFORE_WAIT = 8
 #: the evict-first rule's limits (see b_evict_first); probe switches
 B_EVICT_FIRST_MAX_M_BLOCKS = 4
 B_EVICT_FIRST_MIN_K = 0
@@ -833,7 +877,10 @@ def get_gemm_config(kind: Literal["normal", "contiguous", "masked"], m: int, n: 
             :mod:`cugemm8._tuned` says where it lives and what matches) if
             there is one, else the heuristic's.  Given, the heuristic's pick
             for that budget, and nothing touches a GPU, so the choice can be
-            inspected on any machine (132 for an H200 / H100 SXM).
+            inspected on any machine (132 for an H200 / H100 SXM).  A
+            given ``num_sms`` is taken as the whole device's SM count: the
+            warp-MMA decode kernel (not persistent), which the ops use only
+            on the whole device, may be the answer.
 
     Returns:
         The frozen :class:`cugemm8.GemmConfig` (tile, stages, multicast,

@@ -974,8 +974,11 @@ def _gemm_fp8_fused(x, b, out, workspace, pow2_scale, key, cupy, gemm):
     b_q, sfb, out = _fused_weights_and_out(b, out, m, cupy, gemm)
     n = b_q.shape[0]
     cfg = gemm._select("normal", m, n, kp, 1)
-    # Every descriptor is encoded before the first launch.
-    gemm_launch = gemm._prepare_launch(cfg, "normal", n, kp, 1, m, m, a_q, sfa, b_q, sfb, out, None, 1)
+    # Every descriptor is encoded before the first launch.  The warp-MMA
+    # kernel may stream its first batch of B while the quantiser runs (its
+    # predecessor here writes only the workspace: ptx/griddep.cuh's rule).
+    flags = gemm.FLAG_B_BEFORE_WAIT if cfg.warp_mma else 0
+    gemm_launch = gemm._prepare_launch(cfg, "normal", n, kp, 1, m, m, a_q, sfa, b_q, sfb, out, None, 1, flags)
     quant_launch = _launch_per_token(xk, a_q[None], sfa_buf, min_amax_f32, bool(pow2_scale), cupy,
                                      launch=False)
 

@@ -123,21 +123,26 @@ def test_plan_warmup_dedupes_kernels():
 def test_plan_warmup_adds_the_one_kernel_forms():
     """A normal shape with few rows also needs the kernels that quantise
     float activations themselves (gemm_fp8's one-kernel form), where the
-    library would take that form: by x's dtype and the pick's BLOCK_N."""
+    library would take that form: by x's dtype and the pick's BLOCK_N.
+    (24576 x 3072: B of 75 MB, past the warp-MMA rule's 48 MiB.)"""
     from cugemm8 import _config, gemm, quant
-    jobs, errors = cli.plan_warmup([cli.Shape("normal", 4, 24576, 1536)], 132)
-    pick = _config.select_config("normal", 4, 24576, 1536, num_sms=132)
+    jobs, errors = cli.plan_warmup([cli.Shape("normal", 4, 24576, 3072)], 132)
+    pick = _config.select_config("normal", 4, 24576, 3072, num_sms=132)
     names = {j.name for j in jobs}
-    assert not errors and gemm._kernel_name(pick, 24576, 1536, 0, 1) in names
+    assert not errors and gemm._kernel_name(pick, 24576, 3072, 0, 1) in names
     for dtype, item in (("bfloat16", 2), ("float16", 2), ("float32", 4)):
-        twin = _config.quant_a_config(pick, 1536, item)
-        assert gemm._kernel_name(twin, 24576, 1536, 0, 1, dtype) in names
+        twin = _config.quant_a_config(pick, 3072, item)
+        assert gemm._kernel_name(twin, 24576, 3072, 0, 1, dtype) in names
         assert 4 <= quant.one_kernel_max_m(twin.block_n, item)
     assert len(jobs) == 4 and all(j.header is None for j in jobs)
-    # narrow picks (BLOCK_N 32) and more rows: the FP8 kernel alone
-    for shape in (cli.Shape("normal", 4, 2112, 7168), cli.Shape("normal", 64, 24576, 1536)):
+    # narrow picks (BLOCK_N 32), more rows, and warp-MMA picks (no such
+    # form: gemm_fp8 runs the quantiser and the GEMM): the FP8 kernel alone
+    for shape in (cli.Shape("normal", 16, 2112, 7168), cli.Shape("normal", 64, 24576, 1536),
+                  cli.Shape("normal", 4, 2112, 7168)):
         jobs, errors = cli.plan_warmup([shape], 132)
-        assert not errors and len(jobs) == 1 and jobs[0].name.count(",") == 11    # no kAIn argument
+        pick = _config.select_config("normal", shape.m, shape.n, shape.k, num_sms=132)
+        assert not errors and [j.name for j in jobs] == [gemm._kernel_name(pick, shape.n, shape.k, 0, 1)]
+    assert _config.select_config("normal", 4, 2112, 7168, num_sms=132).warp_mma
 
 
 def test_warmup_bad_file_exits_2(tmp_path, capsys):

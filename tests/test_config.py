@@ -36,6 +36,9 @@ def check_choice(cfg: GemmConfig, kind, g, m, n, k, num_sms=132, smem_limit=SMEM
     if cfg.swap_ab:
         check_swap_ab_choice(cfg, kind, g, m, n, k, num_sms, smem_limit)
         return
+    if cfg.warp_mma:
+        check_warp_mma_choice(cfg, kind, g, m, n, k, num_sms, smem_limit)
+        return
     bm, bn = cfg.block_m, cfg.block_n
     assert cfg.kind == kind and cfg.block_k == 128
     assert bm in (64, 128, 256)
@@ -101,6 +104,23 @@ def check_swap_ab_choice(cfg: GemmConfig, kind, g, m, n, k, num_sms, smem_limit)
     assert cfg.smem_bytes == swap_ab_smem_size(8, 64, cfg.num_stages, k, 2) <= smem_limit
     assert cfg.num_stages == 24 or swap_ab_smem_size(8, 64, cfg.num_stages + 1, k, 2) > smem_limit
     assert re.fullmatch(r"8x64 s\d+ swapAB k2 sms\d+", str(cfg)), str(cfg)
+
+
+def check_warp_mma_choice(cfg: GemmConfig, kind, g, m, n, k, num_sms, smem_limit):
+    """select_config's warp-MMA rule, re-derived: a normal GEMM with 1 <= m
+    <= 8 and B of at most 48 MiB; 8 tokens, 16-row slabs, 2 K blocks ahead;
+    128-512 threads; every CTA resident at once (104 registers a thread)."""
+    assert kind == "normal" and g == 1 and 1 <= m <= 8 and n * k <= 48 << 20
+    assert (cfg.block_m, cfg.num_stages, cfg.block_n % 16) == (8, 2, 0)
+    assert (cfg.num_math_warpgroups, cfg.num_multicast, cfg.multicast_on_a, cfg.swizzle_d) == (1, 1, False, 0)
+    slabs, splits = cfg.block_n // 16, cfg.num_k_splits
+    threads = 32 * slabs * splits
+    assert 128 <= threads <= 512 and splits <= -(-k // 128)
+    assert cfg.num_sms == -(-n // cfg.block_n)
+    per_sm = min(65536 // (threads * 104), 2048 // threads)
+    assert num_sms <= cfg.num_sms <= per_sm * num_sms
+    assert cfg.smem_bytes == (slabs * splits * 16 * 8 * 4 if splits > 1 else 0) <= smem_limit
+    assert re.fullmatch(r"8x\d+ u2 warpMMA k\d+ ctas\d+", str(cfg)), str(cfg)
 
 
 # ---------------------------------------------------------------------------
@@ -414,9 +434,11 @@ def test_most_picks_within_3_percent():
     # v0.6) come from sweep_v0.6_multicast.json.
     # The swap-AB picks (test_swap_ab_twin_rule) are not sweep candidates:
     # they were timed against the 1D2D pick they replace by flush_ab.py
-    # (benches/RESULTS.md v0.16-v0.17), so they are left out of the count.
+    # (benches/RESULTS.md v0.16-v0.17), so they are left out of the count, and
+    # so are the warp-MMA picks (timed against the pick they replace by
+    # tools/perf/warp_mma_probe.py, benches/experiments/v0.19/probe2.json).
     judged = [s for s in SWEEP_SHAPES if f"{s['kind']} {s['label']}" not in KNOWN_REGRETS
-              and not _sweep_pick(s)[0].count("swapAB")]
+              and not _sweep_pick(s)[0].count("swapAB") and not _sweep_pick(s)[0].count("warpMMA")]
     assert len(regrets) >= 0.85 * len(judged)
     assert sum(r <= 0.03 for r in regrets) >= 0.9 * len(regrets), sorted(regrets)
 
@@ -694,7 +716,7 @@ def test_swap_ab_config_rules():
     for m in (1, 8, 32):
         for n, kk in DEEPSEEK_NK:        # only the twin rule's family (test_swap_ab_twin_rule)
             want = (n, kk) == (4096, 7168) and m <= 8
-            assert cfgmod.select_config("normal", m, n, kk).swap_ab == want
+            assert cfgmod.select_config("normal", m, n, kk, warp_mma=False).swap_ab == want
 
 
 def test_short_k_stage_cap():
@@ -702,7 +724,7 @@ def test_short_k_stage_cap():
     many stages (the minimum at least): 32768x512's decode pick runs 64x128
     with 4 (benches/RESULTS.md v0.16: 0.2-0.5 us faster than 8)."""
     for m in (1, 8, 64):
-        cfg = cfgmod.select_config("normal", m, 32768, 512)
+        cfg = cfgmod.select_config("normal", m, 32768, 512, warp_mma=False)
         assert (cfg.block_m, cfg.num_math_warpgroups, cfg.num_stages) == (64, 1, 4), cfg
     assert cfgmod._short_k_stages("normal", 1, 64, 128, 640, 1, 8) == 8     # five K blocks: uncapped
     assert cfgmod._short_k_stages("normal", 1, 64, 192, 256, 1, 16) == 4    # the minimum for 64x192
@@ -745,25 +767,99 @@ def test_swap_ab_twin_rule():
     # The measured family (benches/RESULTS.md v0.16-v0.17): 4096x7168 at M <= 8
     # takes the swap-AB kernel; M >= 9 keeps the 1D2D pick it replaces.
     for m in range(1, 9):
-        cfg = select_config("normal", m, 4096, 7168)
+        cfg = select_config("normal", m, 4096, 7168, warp_mma=False)
         assert str(cfg) == "8x64 s24 swapAB k2 sms128", (m, str(cfg))
-        ranked = ranked_configs("normal", m, 4096, 7168)
+        ranked = ranked_configs("normal", m, 4096, 7168, warp_mma=False)
         assert ranked[0][1] == cfg and ranked[1][1].block_n == 32 and not ranked[1][1].swap_ab
         assert ranked[0][0] == ranked[1][0]          # the twin carries its pick's score
     for m in (0, 9, 16, 32, 64, 128, 4096):
-        assert not select_config("normal", m, 4096, 7168).swap_ab, m
+        assert not select_config("normal", m, 4096, 7168, warp_mma=False).swap_ab, m
     # No other DeepSeek-V3 (N, K) pair, no grouped kind.
     for n, k in DEEPSEEK_NK:
         if (n, k) != (4096, 7168):
-            assert not any(select_config("normal", m, n, k).swap_ab for m in range(1, 9)), (n, k)
+            assert not any(select_config("normal", m, n, k, warp_mma=False).swap_ab for m in range(1, 9)), (n, k)
     assert not select_config("masked", 4, 4096, 7168, num_groups=4).swap_ab
     assert not select_config("contiguous", 256, 4096, 7168, num_groups=2).swap_ab
     # Too few K blocks per CTA of the pair (K = 3968: 31 blocks, 15 each).
-    assert not select_config("normal", 1, 4096, 3968).swap_ab
-    assert select_config("normal", 1, 4096, 4096).swap_ab          # 16 each
+    assert not select_config("normal", 1, 4096, 3968, warp_mma=False).swap_ab
+    assert select_config("normal", 1, 4096, 4096, warp_mma=False).swap_ab          # 16 each
     # The twin must fit the SMs in one wave: 4096 rows need 128 CTAs.
-    assert not select_config("normal", 1, 4096, 7168, num_sms=127).swap_ab
+    assert not select_config("normal", 1, 4096, 7168, num_sms=127, warp_mma=False).swap_ab
     # A smaller shared-memory budget: fewer stages, same rule.
-    small = select_config("normal", 1, 4096, 7168, smem_limit=101376)
+    small = select_config("normal", 1, 4096, 7168, smem_limit=101376, warp_mma=False)
     assert small.swap_ab and small.num_stages < 24
     check_choice(small, "normal", 1, 1, 4096, 7168, smem_limit=101376)
+
+
+# ---------------------------------------------------------------- the warp-MMA decode kernel
+
+def test_warp_mma_rule():
+    """The measured picks (benches/RESULTS.md v0.19, warp_mma_probe.py): at
+    M = 1 ... 8 on the five DeepSeek-V3 pairs with B <= 48 MiB; never at M
+    = 0 or 9, for 7168 x 16384 (117 MB), for the grouped kinds, or with
+    warp_mma off (the ops: a reduced SM budget)."""
+    want = {(2112, 7168): "8x16 u2 warpMMA k14 ctas132", (24576, 1536): "8x64 u2 warpMMA k1 ctas384",
+            (32768, 512): "8x64 u2 warpMMA k1 ctas512", (4096, 7168): "8x16 u2 warpMMA k8 ctas256",
+            (7168, 2048): "8x16 u2 warpMMA k4 ctas448"}
+    for n, k in DEEPSEEK_NK:
+        for m in range(1, 9):
+            cfg = select_config("normal", m, n, k)
+            assert str(cfg) == want.get((n, k), str(cfg)) and cfg.warp_mma == ((n, k) in want), (m, n, k, cfg)
+            ranked = ranked_configs("normal", m, n, k)
+            if cfg.warp_mma:      # first, with the persistent pick's score; that pick second
+                assert ranked[0][0] == ranked[1][0] and not ranked[1][1].warp_mma
+            assert not select_config("normal", m, n, k, warp_mma=False).warp_mma
+        assert not select_config("normal", 9, n, k).warp_mma
+        assert not select_config("normal", 0, n, k).warp_mma
+    assert not select_config("masked", 4, 4096, 7168, num_groups=4).warp_mma
+    assert not select_config("contiguous", 256, 4096, 7168, num_groups=2).warp_mma
+    # the B-size limit: 48 MiB passes, one more 16-byte column of K does not
+    assert select_config("normal", 1, 24576, 2048).warp_mma
+    assert not select_config("normal", 1, 24576, 2048 + 16).warp_mma
+    # too few 16-row slabs to give each SM a CTA: the persistent pick (unmeasured territory)
+    for m, n, k in ((1, 8, 16), (3, 24, 7168), (8, 520, 1040), (5, 1000, 2064), (1, 576, 7168)):
+        cfg = select_config("normal", m, n, k)
+        assert not cfg.warp_mma, (m, n, k, cfg)
+    assert select_config("normal", 1, 8448, 16).warp_mma      # K = 16: 528 slabs, 4 per CTA of 128 threads
+    check_choice(select_config("normal", 1, 8448, 16), "normal", 1, 1, 8448, 16)
+
+
+def test_warp_mma_rule_fills_the_sms():
+    """On any SM count the rule gives every SM a CTA and keeps every CTA
+    resident in one wave, or gives up."""
+    for sms in (132, 114, 78, 66, 8, 1):
+        for n, k in ((2112, 7168), (4096, 7168), (32768, 512)):
+            cfg = cfgmod.warp_mma_config(1, n, k, sms)
+            if cfg is None:
+                continue
+            threads = 32 * cfg.num_k_splits * cfg.block_n // 16
+            assert sms <= cfg.num_sms <= cfgmod.warp_mma_ctas_per_sm(threads) * sms, (sms, n, k, cfg)
+            assert cfgmod.is_legal(cfg, k=k)[0]
+    assert cfgmod.warp_mma_ctas_per_sm(128) == 4 and cfgmod.warp_mma_ctas_per_sm(512) == 1
+
+
+def test_warp_mma_config_validation():
+    """Fields the warp-MMA kernel cannot take are rejected with the rule named."""
+    k = 7168
+    ok = cfgmod.make_config("normal", 8, 16, 2, k, num_k_splits=14, num_sms=132, warp_mma=True)
+    assert cfgmod.is_legal(ok, k=k) == (True, "ok")
+    assert ok.smem_bytes == cfgmod.warp_mma_smem_size(8, 16, 14) == 14 * 16 * 8 * 4
+    assert cfgmod.warp_mma_smem_size(8, 64, 1) == 0
+    bad = {
+        "token tile": dataclasses.replace(ok, block_m=16),
+        "16 times": dataclasses.replace(ok, block_n=24),
+        "num_k_splits must be one of": dataclasses.replace(ok, num_k_splits=3),
+        "threads": dataclasses.replace(ok, num_k_splits=2, smem_bytes=cfgmod.warp_mma_smem_size(8, 16, 2)),
+        "K blocks loaded ahead": dataclasses.replace(ok, num_stages=4),
+        "no math warpgroups": dataclasses.replace(ok, num_multicast=2),
+        "smem_bytes": dataclasses.replace(ok, smem_bytes=0),
+        "two different kernels": dataclasses.replace(ok, swap_ab=True),
+        "warp_mma must be a bool": dataclasses.replace(ok, warp_mma=1),
+        "normal' only": dataclasses.replace(ok, kind="masked"),
+    }
+    for why, cfg in bad.items():
+        legal, got = cfgmod.is_legal(cfg, k=k)
+        assert not legal and why in got, (why, got)
+    legal, got = cfgmod.is_legal(ok, k=1024)           # 8 K blocks < 14 splits
+    assert not legal and "fewer 128-wide K blocks" in got
+    assert cfgmod.quant_a_config(ok, k, 2) is None      # no one-kernel form

@@ -49,7 +49,10 @@ def _one_kernel_names(swap_ab: bool = False):
     for m in ONE_KERNEL_MS:
         for n, k in DEEPSEEK_NK:
             for dtype, itemsize in (("bfloat16", 2), ("float16", 2), ("float32", 4)):
-                cfg = _config.quant_a_config(_config.select_config("normal", m, n, k, num_sms=132), k, itemsize)
+                # (the persistent picks: the warp-MMA kernel, picked on the
+                # whole device, has no such form; a reduced SM budget runs these)
+                pick = _config.select_config("normal", m, n, k, num_sms=132, warp_mma=False)
+                cfg = _config.quant_a_config(pick, k, itemsize)
                 if cfg is not None and cfg.swap_ab == swap_ab:
                     names.add(_gemm._kernel_name(cfg, n, k, 0, 1, dtype))
     return names
@@ -58,10 +61,11 @@ def _one_kernel_names(swap_ab: bool = False):
 def _names():
     names = set(_one_kernel_names())
     for m, n, k in NORMAL:
-        cfg = _config.select_config("normal", m, n, k, num_sms=132)
-        if cfg.swap_ab:
-            continue          # the swap-AB kernel's own list (_swap_ab_names) holds the heuristic's picks
-        names.add(_gemm._kernel_name(cfg, n, k, 0, 1))
+        for warp_mma in (True, False):
+            cfg = _config.select_config("normal", m, n, k, num_sms=132, warp_mma=warp_mma)
+            if cfg.swap_ab or cfg.warp_mma:
+                continue      # their kernels' own lists (_swap_ab_names, _warp_mma_names)
+            names.add(_gemm._kernel_name(cfg, n, k, 0, 1))
     for kind, m, n, k, g in GROUPED:
         cfg = _config.select_config(kind, m, n, k, num_groups=g, num_sms=132)
         names.add(_gemm._kernel_name(cfg, n, k, _gemm._GEMM_TYPE[kind], g))
@@ -307,7 +311,7 @@ def _swap_ab_names():
         quant.add(_gemm._kernel_name(cfg, n, k, 0, 1, "bfloat16"))
     names = {_gemm._kernel_name(c, n, k, 0, 1) for c, n, k in cfgs} | quant
     for m, n, k in NORMAL:
-        cfg = _config.select_config("normal", m, n, k, num_sms=132)
+        cfg = _config.select_config("normal", m, n, k, num_sms=132, warp_mma=False)
         if cfg.swap_ab:
             names.add(_gemm._kernel_name(cfg, n, k, 0, 1))
     return sorted(names)
@@ -369,17 +373,93 @@ def test_swap_ab_smem_layout_matches_the_python_formula():
 def test_every_tune_candidate_compiles_from_its_own_header():
     """tune, warmup, the benches and the probes compile kernels ahead of a
     launch through gemm._header_of: a swap-AB name from the 1D2D header does
-    not compile, so each name must come with its own (one swap-AB and one
-    1D2D candidate of tune's plan at M = 8 compiled here)."""
+    not compile, so each name must come with its own (one swap-AB, one
+    warp-MMA and one 1D2D candidate of tune's plan at M = 8 compiled here)."""
     from cugemm8 import _tune
     cands = _tune.candidates("normal", 8, 4096, 7168, 1, 132)
     swap = next(c for c in cands if c.swap_ab)
-    plain = next(c for c in cands if not c.swap_ab)
-    for cfg in (swap, plain):
+    plain = next(c for c in cands if not c.swap_ab and not c.warp_mma)
+    wm = next(c for c in cands if c.warp_mma)
+    for cfg in (swap, plain, wm):
         name = _gemm._kernel_name(cfg, 4096, 7168, 0, 1)
         header = _gemm._header_of(name)
-        assert header == ("fp8_gemm_swap_ab.cuh" if cfg.swap_ab else "fp8_gemm_1d2d.cuh")
+        assert header == ("fp8_gemm_swap_ab.cuh" if cfg.swap_ab else
+                          "fp8_gemm_warp_mma.cuh" if cfg.warp_mma else "fp8_gemm_1d2d.cuh")
         rep = _jit.compile_only(header, [name], sass=False)
         assert len(rep.resources) == 1
     with pytest.raises(RuntimeError):
         _jit.compile_only("fp8_gemm_1d2d.cuh", [_gemm._kernel_name(swap, 4096, 7168, 0, 1)], sass=False)
+
+
+# ---------------------------------------------------------------- the warp-MMA decode kernel
+
+# (K splits, slabs per CTA, n, k): the GPU tests' forced forms (tests/test_warp_mma_gpu.py)
+WARP_MMA_FORCED = [(1, 4, 1000, 2064), (1, 16, 1000, 2064), (2, 2, 1000, 2064), (4, 4, 1000, 2064),
+                   (7, 1, 1000, 2064), (8, 2, 1000, 2064), (14, 1, 1000, 2064), (16, 1, 1000, 2064),
+                   (14, 1, 24, 7168), (4, 4, 520, 7168), (1, 4, 520, 16), (2, 4, 520, 144)]
+
+
+def _warp_mma_names():
+    """The heuristic's warp-MMA picks (M = 1 ... 8, the DeepSeek-V3 pairs)
+    and the GPU tests' forced forms."""
+    cfgs = []
+    for m in range(1, 9):
+        for n, k in DEEPSEEK_NK:
+            cfg = _config.select_config("normal", m, n, k, num_sms=132)
+            if cfg.warp_mma:
+                cfgs.append((cfg, n, k))
+    assert {(n, k) for _, n, k in cfgs} == set(DEEPSEEK_NK) - {(7168, 16384), (576, 7168)}, "the rule's pairs"
+    for splits, slabs, n, k in WARP_MMA_FORCED:
+        cfg = _config.make_config("normal", 8, 16 * slabs, _config.WARP_MMA_UNROLL, k, num_k_splits=splits,
+                                  num_sms=-(-n // (16 * slabs)), warp_mma=True)
+        assert _config.is_legal(cfg, k=k)[0], cfg
+        cfgs.append((cfg, n, k))
+    return sorted({_gemm._kernel_name(c, n, k, 0, 1) for c, n, k in cfgs})
+
+
+@pytest.fixture(scope="module")
+def warp_mma_report():
+    names = _warp_mma_names()
+    assert {_gemm._header_of(n) for n in names} == {"fp8_gemm_warp_mma.cuh"}
+    return compile_report("fp8_gemm_warp_mma.cuh", names)
+
+
+def test_warp_mma_instantiations_compile_clean(warp_mma_report):
+    """No spills, no stack frame, no warning, and no more registers than
+    the rule's one-wave count assumes (_config.WARP_MMA_REGISTERS)."""
+    rep = warp_mma_report
+    assert len(rep.resources) == len(_warp_mma_names())
+    for r in rep.resources.values():
+        assert r.stack_frame == 0 and r.spill_stores == 0 and r.spill_loads == 0, r
+        assert r.registers <= _config.WARP_MMA_REGISTERS, r
+    assert "warning" not in (rep.log or "").lower(), rep.log
+
+
+def test_warp_mma_sass(warp_mma_report, sass_tools):
+    """The m16n8k32 e4m3 MMA (sm_90 runs it as FP16 HMMAs of the unpacked
+    bytes), evict-first 16-byte loads of B, all of a batch's B loads
+    issued before its first MMA, no local memory, no flush-to-zero
+    arithmetic."""
+    rep = warp_mma_report
+    funcs = re.split(r"\n\s*Function : ", rep.sass)[1:]
+    assert len(funcs) == len(rep.resources)
+    for body in funcs:
+        name = body.splitlines()[0].strip()
+        ops = [ln.split(";")[0] for ln in body.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", ln)]
+        assert any("HMMA.16816.F32" in o for o in ops), name
+        assert any("F2FP.F16.E4M3.UNPACK_B" in o for o in ops), name
+        ef = [i for i, o in enumerate(ops) if "LDG.E.EF.128" in o]
+        first_mma = next(i for i, o in enumerate(ops) if "HMMA" in o)
+        # a batch: 2 K blocks x 2 halves x 2 rows of 16-byte B loads
+        assert len([i for i in ef if i < first_mma]) >= 4 * _config.WARP_MMA_UNROLL, f"{name}: loads not batched"
+        assert "LDL" not in body and "STL" not in body, f"{name}: local-memory traffic"
+        assert not re.findall(r"\bF(?:ADD|MUL|FMA)\S*\.FTZ\b", body), f"{name}: flush-to-zero arithmetic"
+
+
+def test_warp_mma_smem_matches_the_python_formula():
+    """_config.warp_mma_smem_size against WarpMmaSmem::kTotal."""
+    checks = []
+    for splits, slabs, _, _ in WARP_MMA_FORCED:
+        want = _config.warp_mma_smem_size(8, 16 * slabs, splits)
+        checks.append(f"static_assert(cugemm8::WarpMmaSmem<1, 1, {splits}, {slabs}>::kTotal == {want}u);")
+    _compile_static_asserts(checks, header="fp8_gemm_warp_mma.cuh")

@@ -188,7 +188,7 @@ def test_fused_path_quantises_into_the_workspace_then_launches_the_gemm_as_its_d
     rec = _stub_gemm_launches(monkeypatch)
     monkeypatch.setattr(_quant, "ONE_KERNEL_MAX_M", {})          # the two-kernel form at every m
     monkeypatch.setattr(_gemm, "_select",
-                        lambda kind, m_, n_, k_, g: _config.select_config(kind, m_, n_, k_, num_sms=132))
+                        lambda kind, m_, n_, k_, g: _config.select_config(kind, m_, n_, k_, num_sms=132, warp_mma=False))
     order = []
     real_token = _quant._launch_per_token
 
@@ -224,6 +224,38 @@ def test_fused_path_quantises_into_the_workspace_then_launches_the_gemm_as_its_d
         _gemm.clear_launch_cache()
 
 
+@pytest.mark.parametrize("m,n,k", [(1, 2112, 7168), (8, 7168, 2048)])
+def test_fused_path_lets_the_warp_mma_pick_read_b_before_its_wait(monkeypatch, m, n, k):
+    """With the warp-MMA pick, the fused path's GEMM (a programmatic
+    dependent of cugemm8's quantiser, which writes only the workspace) gets
+    FLAG_B_BEFORE_WAIT; the FP8 op's own launch and the persistent picks
+    never do, and _prepare_launch refuses the flag for them."""
+    _stub_gemm_launches(monkeypatch)
+    monkeypatch.setattr(_quant, "ONE_KERNEL_MAX_M", {})
+    for warp_mma in (True, False):
+        monkeypatch.setattr(_gemm, "_select", lambda kind, m_, n_, k_, g, w=warp_mma: _config.select_config(
+            kind, m_, n_, k_, num_sms=132, warp_mma=w))
+        assert _gemm._select("normal", m, n, k, 1).warp_mma == warp_mma
+        _ExRecorder.log = []
+        monkeypatch.setattr(_launch, "_ExLaunch", _ExRecorder)
+        x, out = fake((m, k), BF16), fake((m, n), BF16)
+        ws = fake((cugemm8.gemm_fp8_workspace_bytes(m, k),), np.uint8)
+        _gemm.clear_launch_cache()
+        try:
+            cugemm8.gemm_fp8(x, _weights(n, k), out, workspace=ws)
+            args = _ExRecorder.log[-1][1]
+            if warp_mma:
+                assert int(args[2]) == _gemm.FLAG_B_BEFORE_WAIT      # (shape_m, num_k_blocks, flags, ...)
+            else:
+                assert not int(args[2]) & _gemm.FLAG_B_BEFORE_WAIT
+        finally:
+            _gemm.clear_launch_cache()
+    cfg = _config.select_config("normal", m, n, k, num_sms=132, warp_mma=False)
+    with pytest.raises(ValueError, match="only the warp-MMA kernel"):
+        _gemm._prepare_launch(cfg, "normal", n, k, 1, m, m, None, None, None, None, None, None, 1,
+                              _gemm.FLAG_B_BEFORE_WAIT)
+
+
 def test_fused_cache_key_keeps_the_pow2_scale_value(monkeypatch):
     from cugemm8 import _device
     monkeypatch.setattr(_device, "current_device_id", lambda: 0)
@@ -243,7 +275,7 @@ def test_fused_repeated_call_is_cached(monkeypatch):
 
     def select(kind, m_, n_, k_, g):
         selected.append(kind)
-        return _config.select_config(kind, m_, n_, k_, num_sms=132)
+        return _config.select_config(kind, m_, n_, k_, num_sms=132, warp_mma=False)
     monkeypatch.setattr(_gemm, "_select", select)
     _ExRecorder.log = []
     monkeypatch.setattr(_launch, "_ExLaunch", _ExRecorder)
@@ -267,13 +299,15 @@ def test_fused_repeated_call_is_cached(monkeypatch):
 # ---------------------------------------------------------------- the one-kernel form
 
 def _heuristic_select(monkeypatch):
-    """``_gemm._select`` answered by the heuristic at 132 SMs; returns the
-    list of the calls made."""
+    """``_gemm._select`` answered by the heuristic at 132 SMs without the
+    warp-MMA kernel (the persistent picks, which a reduced SM budget runs and
+    which have one-kernel forms; tests/test_warp_mma.py covers the warp-MMA
+    picks' two-kernel path); returns the list of the calls made."""
     calls = []
 
     def select(kind, m_, n_, k_, g):
         calls.append((kind, m_, n_, k_))
-        return _config.select_config(kind, m_, n_, k_, num_sms=132)
+        return _config.select_config(kind, m_, n_, k_, num_sms=132, warp_mma=False)
     monkeypatch.setattr(_gemm, "_select", select)
     return calls
 
@@ -298,7 +332,7 @@ def test_one_kernel_form_launches_the_gemm_on_x_itself(monkeypatch, dtype, m, n,
     _gemm.clear_launch_cache()
     try:
         assert cugemm8.gemm_fp8(x, _weights(n, kp), out, pow2_scale=pow2) is out
-        pick = _config.select_config("normal", m, n, kp, num_sms=132)
+        pick = _config.select_config("normal", m, n, kp, num_sms=132, warp_mma=False)
         cfg = _config.quant_a_config(pick, kp, dtype.itemsize)
         assert cfg is not None and rec.launches == 1
         (name, kw), = names
@@ -365,7 +399,7 @@ def test_quant_a_config():
     k = 7168
     for n, itemsize in ((2112, 2), (24576, 2), (32768, 4), (7168, 4)):
         kn = 2048 if n == 7168 else (1536 if n == 24576 else (512 if n == 32768 else k))
-        pick = _config.select_config("normal", 8, n, kn, num_sms=132)
+        pick = _config.select_config("normal", 8, n, kn, num_sms=132, warp_mma=False)
         twin = _config.quant_a_config(pick, kn, itemsize)
         assert (twin.block_m, twin.block_n, twin.num_k_splits, twin.num_sms, twin.num_math_warpgroups) == \
             (pick.block_m, pick.block_n, pick.num_k_splits, pick.num_sms, 1)
@@ -431,9 +465,12 @@ def test_every_kernel_waits_before_it_lets_dependents_launch():
     from cugemm8 import _jit
     names = _quant.all_kernel_names()
     rep = _jit.compile_only("quant.cuh", names, sass=False)
-    cfg = _config.select_config("normal", 8, 2112, 7168, num_sms=132)
+    cfg = _config.select_config("normal", 8, 2112, 7168, num_sms=132, warp_mma=False)
     rep_g = _jit.compile_only("fp8_gemm_1d2d.cuh", [_gemm._kernel_name(cfg, 2112, 7168, 0, 1)], sass=False)
-    for ptx, count in ((rep.ptx, len(names)), (rep_g.ptx, 1)):
+    wm = _config.select_config("normal", 8, 2112, 7168, num_sms=132)
+    assert wm.warp_mma
+    rep_w = _jit.compile_only("fp8_gemm_warp_mma.cuh", [_gemm._kernel_name(wm, 2112, 7168, 0, 1)], sass=False)
+    for ptx, count in ((rep.ptx, len(names)), (rep_g.ptx, 1), (rep_w.ptx, 1)):
         for entry in ptx.split(".entry")[1:]:
             wait, trigger = entry.find("griddepcontrol.wait"), entry.find("griddepcontrol.launch_dependents")
             assert 0 <= wait < trigger, "griddepcontrol.wait must precede launch_dependents"

@@ -594,16 +594,20 @@ def one_kernel_up_to(rows: int):
     """gemm_fp8's fused path takes its one-kernel form up to ``rows`` rows
     (at most the kernel's own limit) whatever the pick's BLOCK_N, so that
     every pick is tested, also where the library's rule keeps two kernels;
-    the launch cache is cleared on the way in and out (its keys do not hold
+    and the ops pick as under a reduced SM budget (the persistent kernels,
+    which have that form: on the whole device the decode shapes take the
+    warp-MMA kernel, which has none, tests/test_warp_mma_gpu.py).  The
+    launch cache is cleared on the way in and out (its keys do not hold
     the form)."""
-    from cugemm8 import gemm, quant
-    saved = quant.ONE_KERNEL_MAX_M
+    from cugemm8 import _device, gemm, quant
+    saved = quant.ONE_KERNEL_MAX_M, _device.is_whole_device
     quant.ONE_KERNEL_MAX_M = {2: ((8, rows),), 4: ((8, rows),)}
+    _device.is_whole_device = lambda device_id: False
     gemm.clear_launch_cache()
     try:
         yield
     finally:
-        quant.ONE_KERNEL_MAX_M = saved
+        quant.ONE_KERNEL_MAX_M, _device.is_whole_device = saved
         gemm.clear_launch_cache()
 
 
@@ -684,16 +688,16 @@ def test_one_kernel_form_pow2_scale(cp, rng, weights, dtype_name):
     m, n, k = 8, 7168, 2048
     rhs = weights(n, k)
     x = randn(cp, seed_of(rng), (m, k), DTYPES[dtype_name], scale=5.0)
-    with one_kernel_up_to(8):
+    with one_kernel_up_to(8):            # (both paths with the same pick)
         assert_one_kernel(x, n)
         got, full = H.poisoned_out(cp, m, n)
         cugemm8.gemm_fp8(x, rhs, got, pow2_scale=True)
-    want = cp.empty((m, n), BF16)
-    cugemm8.gemm_fp8_fp8_bf16_nt(cugemm8.per_token_cast_to_fp8(x, pow2_scale=True), rhs, want)
-    assert_same_bits(cp, got, want, what=f"pow2_scale {dtype_name}")
-    assert H.guards_intact(cp, full, m, n)
-    plain = cp.empty((m, n), BF16)
-    two_launch(cp, x, rhs, plain)
+        want = cp.empty((m, n), BF16)
+        cugemm8.gemm_fp8_fp8_bf16_nt(cugemm8.per_token_cast_to_fp8(x, pow2_scale=True), rhs, want)
+        assert_same_bits(cp, got, want, what=f"pow2_scale {dtype_name}")
+        assert H.guards_intact(cp, full, m, n)
+        plain = cp.empty((m, n), BF16)
+        two_launch(cp, x, rhs, plain)
     assert not bool(cp.all(plain.view(cp.uint16) == want.view(cp.uint16))), "pow2_scale changed nothing"
 
 
@@ -771,7 +775,7 @@ def test_swap_ab_one_kernel_form_special_values_and_pow2(cp, rng, weights):
     host[6] = signs * float(ml_dtypes.finfo(dt).max)
     x = cp.asarray(host)
     with one_kernel_up_to(m):
-        assert _config.select_config("normal", 1, n, k).swap_ab
+        assert _config.select_config("normal", 1, n, k, warp_mma=False).swap_ab
         assert_one_kernel(x, n)
         out, _ = fused_vs_two_launch(cp, x, rhs, what="swap-AB special values")
         got = H.to_f64(cp, out)

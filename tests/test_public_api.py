@@ -135,7 +135,8 @@ def no_device(monkeypatch):
 def test_get_gemm_config_with_num_sms_needs_no_gpu(no_device, kind, g, m, n, k, num_sms):
     cfg = cugemm8.get_gemm_config(kind, m, n, k, g, num_sms=num_sms)
     assert cfg == _config.select_config(kind, m, n, k, num_groups=g, num_sms=num_sms)
-    assert isinstance(cfg, cugemm8.GemmConfig) and cfg.num_sms <= num_sms
+    # (the warp-MMA kernel's num_sms counts its CTAs, several per SM)
+    assert isinstance(cfg, cugemm8.GemmConfig) and (cfg.num_sms <= num_sms or cfg.warp_mma)
     assert cugemm8.get_gemm_config(kind, m, n, k, g, num_sms) == cfg     # positional too
     assert not no_device
 
@@ -156,6 +157,12 @@ def test_get_gemm_config_without_num_sms_uses_the_device(monkeypatch):
     monkeypatch.setattr(_device, "get_num_sms", lambda device_id=None: 78)
     assert cugemm8.get_gemm_config("normal", 4096, 7168, 2048) == \
         _config.select_config("normal", 4096, 7168, 2048, num_sms=78)
+    assert cugemm8.get_gemm_config("normal", 1, 2112, 7168).warp_mma          # a 78-SM device
+    # a set_num_sms budget below the device's SM count keeps the persistent kernels
+    monkeypatch.setattr(_device, "_device_info", lambda device_id: {"num_sms": 132})
+    monkeypatch.setitem(_device._num_sms_override, 0, 78)
+    assert cugemm8.get_gemm_config("normal", 1, 2112, 7168) == \
+        _config.select_config("normal", 1, 2112, 7168, num_sms=78, warp_mma=False)
 
 
 def test_get_gemm_config_without_num_sms_or_gpu_raises_device_error(no_device):

@@ -382,7 +382,7 @@ def test_candidates_include_one_warpgroup_twins():
     """tune times the one-math-warpgroup twin of every BLOCK_M = 64
     candidate; parse_config reads the "w1" tag back."""
     cands = _tune.candidates("normal", 8, 32768, 512, 1, 132)
-    w1 = [c for c in cands if c.num_math_warpgroups == 1 and not c.swap_ab]
+    w1 = [c for c in cands if c.num_math_warpgroups == 1 and not c.swap_ab and not c.warp_mma]
     assert w1 and all(c.block_m == 64 for c in w1)
     for c in cands:
         assert _config.is_legal(c, k=512, available_sms=132)[0], c
@@ -426,6 +426,27 @@ def test_swap_ab_candidates_entries_and_config_text():
     plain = _tuned.entry_for("normal", 8, 4096, 7168, 1, env, _cfg(k=7168))
     assert "swap_ab" not in plain["config"] and not _tuned.config_from_entry(plain, 7168, 132)[0].swap_ab
     assert _tune.parse_config("8x64 s16 swapAB k2", "contiguous", 8, 4096, 7168, 1, 132) is None
+
+
+def test_warp_mma_candidates_entries_and_config_text():
+    """tune times the warp-MMA pick (first) where the heuristic picks it, and
+    never when warp_mma is off (a reduced SM budget); an entry and the
+    config text both read it back; entries without the field are not it."""
+    cands = _tune.candidates("normal", 4, 2112, 7168, 1, 132)
+    assert cands[0].warp_mma and str(cands[0]) == "8x16 u2 warpMMA k14 ctas132"
+    assert not [c for c in _tune.candidates("normal", 4, 2112, 7168, 1, 132, warp_mma=False) if c.warp_mma]
+    assert not [c for c in _tune.candidates("normal", 9, 2112, 7168, 1, 132) if c.warp_mma]
+    wm = cands[0]
+    assert _tune.parse_config(str(wm), "normal", 4, 2112, 7168, 1, 132) == wm
+    assert _tune.parse_config(str(wm), "masked", 4, 2112, 7168, 1, 132) is None
+    env = {f: "x" for f in _tuned.ENV_FIELDS}
+    e = _tuned.entry_for("normal", 4, 2112, 7168, 1, env, wm)
+    assert e["config"]["warp_mma"] is True and "swap_ab" not in e["config"]
+    assert _tuned.config_from_entry(e, 7168, 132) == (wm, "")
+    e["config"]["warp_mma"] = "yes"
+    assert "warp_mma" in _tuned._entry_problem(e)
+    plain = _tuned.entry_for("normal", 8, 4096, 7168, 1, env, _cfg(k=7168))
+    assert "warp_mma" not in plain["config"] and not _tuned.config_from_entry(plain, 7168, 132)[0].warp_mma
 
 
 def _measured(us, status="ok"):

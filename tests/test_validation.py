@@ -305,20 +305,25 @@ class Recorder:
         return np.zeros((), np.dtype((np.void, 128)))
 
     def get_kernel(self, header, name, **kw):
+        self.kernel = (header, name)
+
         def kernel(grid, block, args, shared_mem=0):
-            self.args = args
+            self.args, self.launch = args, (grid, block, shared_mem)
             self.launches += 1
         return kernel
 
 
 @pytest.fixture()
 def recorder(monkeypatch):
+    """The persistent kernels' launches (the heuristic at 132 SMs without the
+    warp-MMA kernel: test_warp_mma_launch_arguments has its own)."""
     from cugemm8 import _config, _device, _jit, _tma
     rec = Recorder()
     monkeypatch.setattr(_tma, "make_descriptor", rec.make_descriptor)
     monkeypatch.setattr(_jit, "get_kernel", rec.get_kernel)
     monkeypatch.setattr(cugemm8.gemm, "_select",
-                        lambda kind, m, n, k, g: _config.select_config(kind, m, n, k, num_groups=g, num_sms=132))
+                        lambda kind, m, n, k, g: _config.select_config(kind, m, n, k, num_groups=g, num_sms=132,
+                                                                       warp_mma=False))
     monkeypatch.setattr(_device, "get_num_sms", lambda device_id=None: 132)
     cugemm8.gemm.clear_launch_cache()
     yield rec
@@ -519,11 +524,40 @@ def test_a_box_covers_only_the_rows_that_exist(recorder, m):
     d = normal_args(m=m, n=2112, k=7168)
     d["sfa"] = mn_major_sfa((m, 56))
     call_normal(**d)
-    want = min(m, _config.select_config("normal", m, 2112, 7168, num_sms=132).block_m)
+    want = min(m, _config.select_config("normal", m, 2112, 7168, num_sms=132, warp_mma=False).block_m)
     a_map, sfa_map = recorder.maps[0], recorder.maps[2]
     assert a_map[0] == "u8" and a_map[4] == (128, want, 1)
     assert sfa_map[0] == "f32" and sfa_map[4] == (-(-want // 4) * 4, 1, 1)
     assert int(recorder.args[1]) == want
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 2112, 7168), (5, 4096, 1040), (8, 32768, 512)])
+def test_warp_mma_launch_arguments(recorder, monkeypatch, m, n, k):
+    """The warp-MMA pick launches its own kernel with raw addresses and
+    strides (no tensor map): rows, K blocks, A and its row stride, SFA and
+    its K-block pitch, B and its row stride, SFB, D and its row stride; one
+    CTA per block_n rows, 32 * splits * slabs threads, the reduction's
+    shared memory."""
+    from cugemm8 import _config, gemm
+    monkeypatch.setattr(gemm, "_select", lambda kind, m_, n_, k_, g: _config.select_config(
+        kind, m_, n_, k_, num_groups=g, num_sms=132))
+    cfg = _config.select_config("normal", m, n, k, num_sms=132)
+    assert cfg.warp_mma
+    kb = -(-k // 128)
+    d = normal_args(m=m, n=n, k=k)
+    d["a"] = fake((m, k), np.uint8, strides=(k + 32, 1)) if m > 1 else d["a"]
+    d["sfa"] = mn_major_sfa((m, kb))
+    d["out"] = fake((m, n), BF16, strides=(2 * (n + 8), 2)) if m > 1 else d["out"]
+    call_normal(**d)
+    assert recorder.maps == [] and recorder.kernel[0] == "fp8_gemm_warp_mma.cuh"
+    args = [int(v) for v in recorder.args]
+    a_row = k + 32 if m > 1 else k
+    pitch = -(-m // 4) * 4 if kb > 1 else -(-m // 4) * 4
+    assert args == [m, kb, 0, d["a"].data.ptr, a_row, d["sfa"].data.ptr, pitch, d["b"].data.ptr, k,
+                    d["sfb"].data.ptr, d["out"].data.ptr, n + 8 if m > 1 else n]
+    grid, block, smem = recorder.launch
+    assert grid == (cfg.num_sms,) and cfg.num_sms == -(-n // cfg.block_n)
+    assert block == (32 * cfg.num_k_splits * cfg.block_n // 16,) and smem == cfg.smem_bytes
 
 
 def test_masked_a_box_stays_inside_one_group(recorder):

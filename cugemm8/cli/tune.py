@@ -101,7 +101,7 @@ def cmd_tune(args) -> int:
 
     import cugemm8
 
-    from .. import _jit, _tune, _tuned, gemm as G, gemm_1d1d as G1
+    from .. import _device, _jit, _tune, _tuned, gemm as G, gemm_1d1d as G1
     from ._data import calc_diff, make_l2_flush, make_operands, out_to_f64, poisoned_out, reference
 
     path = Path(args.out) if args.out else _tuned.tuned_path()
@@ -136,7 +136,8 @@ def cmd_tune(args) -> int:
                 cands = _tune.candidates_1d1d(m, s.n, s.k, s.num_groups, num_sms, top=args.top)
             else:
                 cands = _tune.candidates(s.kind, m, s.n, s.k, s.num_groups, num_sms,
-                                         top=args.top, split_k=args.split_k)
+                                         top=args.top, split_k=args.split_k,
+                                         warp_mma=_device.is_whole_device(_device.current_device_id()))
         except (TypeError, ValueError) as exc:
             print(f"cugemm8 tune: {s.kind} {s.label()}: {exc}", file=sys.stderr)
             return 2

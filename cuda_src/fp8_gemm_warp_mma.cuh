@@ -169,7 +169,7 @@ fp8_gemm_warp_mma_kernel(uint32_t shape_m, uint32_t num_k_blocks, uint32_t flags
         for (uint32_t r = 0; r < kRowTiles; ++r)
           #pragma unroll
           for (uint32_t h = 0; h < 2; ++h)
-            bt.wb[u][r][h][j] = ld_stream_16(b_row[r][h] + koff, k_ok && row_ok[r][h]);
+            bt.wb[u][r][h][j] = ld_16<true>(b_row[r][h] + koff, k_ok && row_ok[r][h]);
       }
     }
   };
@@ -183,7 +183,7 @@ fp8_gemm_warp_mma_kernel(uint32_t shape_m, uint32_t num_k_blocks, uint32_t flags
         const bool k_ok = kb < kb_end && koff + t * 16u < SHAPE_K;
         #pragma unroll
         for (uint32_t tt = 0; tt < kTokenTiles; ++tt)
-          bt.xa[u][tt][j] = ld_nc_16(a_row[tt] + koff, k_ok && tok_ok[tt]);
+          bt.xa[u][tt][j] = ld_16<false>(a_row[tt] + koff, k_ok && tok_ok[tt]);
       }
     }
     #pragma unroll

@@ -185,3 +185,33 @@ def assert_payload_equal(got, want, what="payload"):
         idx = tuple(int(i) for i in np.argwhere(bad)[0])
         raise AssertionError(f"{what}: {int(bad.sum())} of {bad.size} bytes differ; first at "
                              f"{idx}: got {int(got[idx]):#04x}, want {int(want[idx]):#04x}")
+
+
+def launch_forced(cp, cfg, a, sfa, b, sfb, m, n, k):
+    """Launch the normal GEMM with the forced config ``cfg`` into a poisoned
+    ``[m, n]`` output (``sfa`` row-major: converted to the kernel's layout
+    here) and check the guard rows and columns; returns the output."""
+    import cugemm8
+    from cugemm8 import gemm
+    out, full = poisoned_out(cp, m, n)
+    gemm._launch(cfg, "normal", n, k, 1, m, m, a, cugemm8.get_col_major_tma_aligned_tensor(sfa), b, sfb,
+                 out, None, 1)
+    assert guards_intact(cp, full, m, n), f"{cfg}: a guard row/column was written"
+    return out
+
+
+def run_forced(cp, cfg, m, n, k, seed, *, reruns=1, rows_too=False):
+    """Fresh operands from ``seed``, ``cfg`` launched ``1 + reruns`` times
+    (:func:`launch_forced`), the first output checked against the float64
+    reference within the bound (and per row with ``rows_too``), the reruns
+    bit for bit against it; returns ``(a, sfa, b, sfb, out)``."""
+    rng = np.random.default_rng(seed)
+    a, sfa, b, sfb = make_operands(cp, rng, m, n, k)
+    outs = [launch_forced(cp, cfg, a, sfa, b, sfb, m, n, k) for _ in range(1 + reruns)]
+    ref, bound = reference_and_bound(cp, a, sfa, b, sfb)
+    check_against(cp, outs[0], ref, bound, what=f"{cfg} m={m} n={n} k={k}")
+    if rows_too:
+        check_rows(cp, outs[0], ref, what=f"{cfg} m={m} n={n} k={k}")
+    for o in outs[1:]:
+        assert bool(cp.all(outs[0].view(cp.uint16) == o.view(cp.uint16))), f"{cfg}: rerun differs"
+    return a, sfa, b, sfb, outs[0]

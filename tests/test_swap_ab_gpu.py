@@ -18,8 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import cugemm8
-from cugemm8 import _config, _tune, gemm as _gemm
+from cugemm8 import _config, _tune
 from cugemm8._shapes import DEEPSEEK_NK
 from tests import gpu_helpers as H
 
@@ -40,23 +39,8 @@ def swap(m, n, k, bm, bn, stages, *, splits=1, num_sms=132):
     return cfg
 
 
-def launch(cp, cfg, a, sfa, b, sfb, m, n, k):
-    out, full = H.poisoned_out(cp, m, n)
-    _gemm._launch(cfg, "normal", n, k, 1, m, m, a, cugemm8.get_col_major_tma_aligned_tensor(sfa), b, sfb,
-                  out, None, 1)
-    assert H.guards_intact(cp, full, m, n), f"{cfg}: a guard row/column was written"
-    return out
-
-
-def run_forced(cp, cfg, m, n, k, seed, *, reruns=1):
-    rng = np.random.default_rng(seed)
-    a, sfa, b, sfb = H.make_operands(cp, rng, m, n, k)
-    outs = [launch(cp, cfg, a, sfa, b, sfb, m, n, k) for _ in range(1 + reruns)]
-    ref, bound = H.reference_and_bound(cp, a, sfa, b, sfb)
-    H.check_against(cp, outs[0], ref, bound, what=f"{cfg} m={m} n={n} k={k}")
-    for o in outs[1:]:
-        assert bool(cp.all(outs[0].view(cp.uint16) == o.view(cp.uint16))), f"{cfg}: rerun differs"
-    return a, sfa, b, sfb, outs[0]
+launch = H.launch_forced
+run_forced = H.run_forced
 
 
 @pytest.mark.parametrize("m", [1, 2, 4, 8, 16, 24, 32])

@@ -36,29 +36,29 @@ __device__ __forceinline__ void mma_m16n8k32_e4m3(float (&d)[4], uint32_t a0, ui
 // and the warp waited for each block's data before issuing the next block's
 // loads.
 //
-// 16 bytes read once (ld.global.cs: "cache streaming, likely accessed once",
-// evict-first in L1 and L2; PTX ISA §9.7.9.9 "Cache Operators"): the weights.
-__device__ __forceinline__ U32x4 ld_stream_16(const void* p, bool pred) {
+// 16 bytes at p (zeros when `pred` is false).  kStream: read once
+// (ld.global.cs: "cache streaming, likely accessed once", evict-first in L1
+// and L2; PTX ISA §9.7.9.9 "Cache Operators"): the weights.  Otherwise
+// read-only through the non-coherent (texture) path, cached in L1: the
+// activations, which every CTA reads.
+template <bool kStream>
+__device__ __forceinline__ U32x4 ld_16(const void* p, bool pred) {
   U32x4 v;
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
-      " mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n mov.b32 %3, 0;\n"
-      " @p ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];\n}"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p), "r"(static_cast<uint32_t>(pred)));
-  return v;
-}
-
-// 16 read-only bytes through the non-coherent (texture) path, cached in L1
-// (zeros when `pred` is false): the activations, which every CTA reads.
-__device__ __forceinline__ U32x4 ld_nc_16(const void* p, bool pred) {
-  U32x4 v;
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
-      " mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n mov.b32 %3, 0;\n"
-      " @p ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n}"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p), "r"(static_cast<uint32_t>(pred)));
+  if constexpr (kStream) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
+        " mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n mov.b32 %3, 0;\n"
+        " @p ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];\n}"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p), "r"(static_cast<uint32_t>(pred)));
+  } else {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
+        " mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n mov.b32 %3, 0;\n"
+        " @p ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n}"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p), "r"(static_cast<uint32_t>(pred)));
+  }
   return v;
 }
 

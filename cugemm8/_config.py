@@ -858,7 +858,12 @@ def tile_counts(config: GemmConfig, m: int, n: int, num_groups: int = 1) -> tupl
     (with split K each tile counts once per CTA of its cluster:
     ``num_k_splits`` times), and
     ceil(executed / grid).  ``m`` is expected_m for ``masked`` (then
-    ``num_groups`` groups) and m_sum for ``contiguous``."""
+    ``num_groups`` groups) and m_sum for ``contiguous``.  A warp-MMA config
+    (not persistent) runs one tile per CTA, all CTAs at once:
+    ``(CTAs, CTAs, 1)``, or zeros for ``m`` = 0."""
+    if config.warp_mma:
+        ctas = _ceil_div(n, config.block_n) if m > 0 else 0
+        return ctas, ctas, 1 if ctas else 0
     groups = num_groups if config.kind == "masked" else 1
     mb = _ceil_div(max(m, 0), config.block_m)
     nb = _ceil_div(n, config.block_n)
@@ -1192,7 +1197,8 @@ def format_table(cases=BENCHMARK_CASES, *, num_sms: int = 132,
                  smem_limit: int = SMEM_LIMIT) -> str:
     """A text table of the choices for ``cases`` of (kind, num_groups, m, n, k):
     the config, its shared memory, real and executed tiles, waves, and the
-    cost model's score converted at 1.755 GHz (a ranking aid, not a forecast)."""
+    cost model's score converted at 1.755 GHz (a ranking aid, not a forecast;
+    "-" for the warp-MMA kernel, which the model does not cover)."""
     head = ("kind", "G", "m", "n", "k", "config", "smem", "tiles", "exec", "waves", "model_us")
     rows = []
     for kind, g, m, n, k in cases:
@@ -1201,7 +1207,7 @@ def format_table(cases=BENCHMARK_CASES, *, num_sms: int = 132,
         est = ranked_configs(kind, m, n, k, num_groups=g, num_sms=num_sms,
                              smem_limit=smem_limit)[0][0]
         rows.append((kind, str(g), str(m), str(n), str(k), str(cfg), str(cfg.smem_bytes),
-                     str(tiles), str(executed), str(waves), f"{est / 1755:.1f}"))
+                     str(tiles), str(executed), str(waves), "-" if cfg.warp_mma else f"{est / 1755:.1f}"))
     return text_table(head, rows)
 
 

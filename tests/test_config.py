@@ -863,3 +863,7 @@ def test_warp_mma_config_validation():
     legal, got = cfgmod.is_legal(ok, k=1024)           # 8 K blocks < 14 splits
     assert not legal and "fewer 128-wide K blocks" in got
     assert cfgmod.quant_a_config(ok, k, 2) is None      # no one-kernel form
+    # one tile per CTA, all CTAs at once; the table prints no model estimate
+    assert tile_counts(ok, 1, 2112) == (132, 132, 1) and tile_counts(ok, 0, 2112) == (0, 0, 0)
+    row = next(ln for ln in format_table([("normal", 1, 1, 2112, 7168)]).splitlines() if "warpMMA" in ln)
+    assert row.split()[-4:] == ["132", "132", "1", "-"], row

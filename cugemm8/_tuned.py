@@ -47,9 +47,12 @@ File format (version 1)::
                   "us": 9.1, "heuristic": "64x32 s16 k2 sms132", "heuristic_us": 9.3,
                   "rows": 64, "candidates": 14, "tuned_at": "2026-12-01T15:00:00Z"}, ...]}
 ``config.num_math_warpgroups`` is optional (2 when absent: files written
-before v0.11), and so is ``config.swap_ab`` (``true`` for the swap-AB decode
+before v0.11), and so are ``config.swap_ab`` (``true`` for the swap-AB decode
 kernel, :class:`cugemm8._config.GemmConfig`; false when absent: files
-written before v0.16).  The training kinds (``wgrad``, ``k_grouped``: the 1D1D
+written before v0.16) and ``config.warp_mma`` (``true`` for the warp-MMA
+decode kernel; false when absent: files written before v0.19; such an
+entry is used only for its own ``n`` (its grid), M buckets up to 8 and
+the whole device).  The training kinds (``wgrad``, ``k_grouped``: the 1D1D
 GEMMs, :mod:`cugemm8._config_1d1d`) record ``{"block_m", "block_n",
 "num_stages", "num_sms", "tma_store"}`` instead; their M bucket is that of
 D's rows and their ``k`` the total tokens.  A ``tma_store`` entry serves
@@ -279,6 +282,15 @@ def config_from_entry(e: dict, k: int, available_sms: int):
         ok, why = _config.is_legal(cfg, k=k, available_sms=available_sms)
     except (TypeError, ValueError) as exc:
         return None, f"{type(exc).__name__}: {exc}"
+    if ok and cfg.warp_mma:
+        # Its grid is one CTA per block_n rows of this n (not persistent),
+        # and it takes at most block_m rows, on the whole device only.
+        if cfg.num_sms != -(-e["n"] // cfg.block_n):
+            ok, why = False, f"warp_mma num_sms {cfg.num_sms} != ceil(n / block_n) = {-(-e['n'] // cfg.block_n)}"
+        elif e["m_bucket"] > cfg.block_m:
+            ok, why = False, f"warp_mma serves at most {cfg.block_m} rows, not the M bucket {e['m_bucket']}"
+        elif isinstance(e["env"].get("sm_count"), int) and available_sms < e["env"]["sm_count"]:
+            ok, why = False, "warp_mma runs on the whole device only, not under a reduced SM budget"
     return (cfg, "") if ok else (None, why)
 
 

@@ -373,6 +373,12 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
     :func:`cugemm8._config.quant_a_config`), and ``sfa`` is None.
     """
     kb = -(-k // 128)
+    if cfg.warp_mma and not _warp_mma_strides_fit(a, sfa, b, rows, kb):
+        # Rows 4 GiB apart or more (legal for TMA, whose strides reach 2^40):
+        # the persistent pick, whose tensor maps take them.
+        cfg = _config.select_config(kind, rows, n, k, num_groups=num_groups, num_sms=_device.get_num_sms(),
+                                    warp_mma=False)
+        flags &= ~FLAG_B_BEFORE_WAIT
     if cfg.warp_mma:
         return _prepare_warp_mma(cfg, kind, n, k, num_groups, shape_m, rows, a, sfa, b, sfb, out, x_dtype, flags)
     if flags & FLAG_B_BEFORE_WAIT:
@@ -438,6 +444,15 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
     return Launcher(kern, (cfg.num_sms,), (threads,), args, cfg.smem_bytes)
 
 
+def _warp_mma_strides_fit(a, sfa, b, rows: int, kb: int) -> bool:
+    """Whether the warp-MMA kernel's 32-bit stride arguments hold A's and
+    B's row strides (bytes) and SFA's K-block pitch (elements)."""
+    limit = 2 ** 32
+    a_row = a.strides[0] if rows > 1 else 0           # one row: its stride is not passed
+    return (a_row < limit and b.strides[0] < limit
+            and (sfa is None or _scale_pitch(sfa, rows, kb) < limit))
+
+
 def _prepare_warp_mma(cfg, kind, n, k, num_groups, shape_m, rows, a, sfa, b, sfb, out, x_dtype, flags=0):
     """:func:`_prepare_launch` for a warp-MMA config (cuda_src/fp8_gemm_warp_mma.cuh):
     raw addresses and strides, no tensor maps.  The operands' layouts are
@@ -446,8 +461,14 @@ def _prepare_warp_mma(cfg, kind, n, k, num_groups, shape_m, rows, a, sfa, b, sfb
     :data:`FLAG_B_BEFORE_WAIT` (gemm_fp8's fused path only)."""
     if flags & ~FLAG_B_BEFORE_WAIT:
         raise ValueError(f"config {cfg} (warp_mma) takes no kernel flags but FLAG_B_BEFORE_WAIT, got {flags}")
-    if kind != "normal" or num_groups != 1 or a.ndim != 2:
+    if kind != "normal" or num_groups != 1:
         raise ValueError(f"config {cfg} (warp_mma) runs the normal GEMM only, not kind {kind!r}")
+    if a.ndim != 2:
+        raise ValueError(f"config {cfg} (warp_mma) takes a 2-D A, got {a.ndim}-D")
+    grid = -(-n // cfg.block_n)
+    if cfg.num_sms != grid:
+        raise ValueError(f"config {cfg} (warp_mma) must launch one CTA per {cfg.block_n} rows of n = {n}: "
+                         f"num_sms {grid}, not {cfg.num_sms}")
     if x_dtype is not None:
         raise ValueError(f"config {cfg} (warp_mma) has no form that quantises its activations")
     if not 1 <= shape_m <= cfg.block_m:

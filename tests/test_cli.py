@@ -135,14 +135,17 @@ def test_plan_warmup_adds_the_one_kernel_forms():
         assert gemm._kernel_name(twin, 24576, 3072, 0, 1, dtype) in names
         assert 4 <= quant.one_kernel_max_m(twin.block_n, item)
     assert len(jobs) == 4 and all(j.header is None for j in jobs)
-    # narrow picks (BLOCK_N 32), more rows, and warp-MMA picks (no such
-    # form: gemm_fp8 runs the quantiser and the GEMM): the FP8 kernel alone
-    for shape in (cli.Shape("normal", 16, 2112, 7168), cli.Shape("normal", 64, 24576, 1536),
-                  cli.Shape("normal", 4, 2112, 7168)):
+    # narrow picks (BLOCK_N 32) and more rows: the FP8 kernel alone
+    for shape in (cli.Shape("normal", 16, 2112, 7168), cli.Shape("normal", 64, 24576, 1536)):
         jobs, errors = cli.plan_warmup([shape], 132)
         pick = _config.select_config("normal", shape.m, shape.n, shape.k, num_sms=132)
         assert not errors and [j.name for j in jobs] == [gemm._kernel_name(pick, shape.n, shape.k, 0, 1)]
-    assert _config.select_config("normal", 4, 2112, 7168, num_sms=132).warp_mma
+    # a warp-MMA pick (no one-kernel form: gemm_fp8 runs the quantiser and
+    # the GEMM) and the persistent pick a reduced SM budget runs instead
+    jobs, errors = cli.plan_warmup([cli.Shape("normal", 4, 2112, 7168)], 132)
+    picks = [_config.select_config("normal", 4, 2112, 7168, num_sms=132, warp_mma=w) for w in (True, False)]
+    assert picks[0].warp_mma and not picks[1].warp_mma
+    assert not errors and [j.name for j in jobs] == [gemm._kernel_name(p, 2112, 7168, 0, 1) for p in picks]
 
 
 def test_warmup_bad_file_exits_2(tmp_path, capsys):

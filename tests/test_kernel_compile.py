@@ -437,23 +437,46 @@ def test_warp_mma_instantiations_compile_clean(warp_mma_report):
 
 def test_warp_mma_sass(warp_mma_report, sass_tools):
     """The m16n8k32 e4m3 MMA (sm_90 runs it as FP16 HMMAs of the unpacked
-    bytes), evict-first 16-byte loads of B, all of a batch's B loads
-    issued before its first MMA, no local memory, no flush-to-zero
-    arithmetic."""
+    bytes), evict-first 16-byte loads of B issued a whole batch at a time in
+    both loops (no MMA between the loads of one batch: the ptxas
+    interleaving a __syncwarp and a run-time trip count prevent), no local
+    memory, no flush-to-zero arithmetic."""
     rep = warp_mma_report
     funcs = re.split(r"\n\s*Function : ", rep.sass)[1:]
     assert len(funcs) == len(rep.resources)
+    batch = 4 * _config.WARP_MMA_UNROLL          # 2 K blocks x 2 halves x rows g, g + 8
     for body in funcs:
         name = body.splitlines()[0].strip()
         ops = [ln.split(";")[0] for ln in body.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", ln)]
         assert any("HMMA.16816.F32" in o for o in ops), name
         assert any("F2FP.F16.E4M3.UNPACK_B" in o for o in ops), name
-        ef = [i for i, o in enumerate(ops) if "LDG.E.EF.128" in o]
-        first_mma = next(i for i, o in enumerate(ops) if "HMMA" in o)
-        # a batch: 2 K blocks x 2 halves x 2 rows of 16-byte B loads
-        assert len([i for i in ef if i < first_mma]) >= 4 * _config.WARP_MMA_UNROLL, f"{name}: loads not batched"
+        # EF loads between consecutive runs of HMMAs: a whole batch or none
+        gaps, count = [], 0
+        for o in ops:
+            if "LDG.E.EF.128" in o:
+                count += 1
+            elif "HMMA" in o:
+                gaps.append(count)
+                count = 0
+        assert gaps and all(g == 0 or g >= batch for g in gaps), f"{name}: a batch's loads split by MMAs {gaps}"
         assert "LDL" not in body and "STL" not in body, f"{name}: local-memory traffic"
         assert not re.findall(r"\bF(?:ADD|MUL|FMA)\S*\.FTZ\b", body), f"{name}: flush-to-zero arithmetic"
+
+
+def test_warp_mma_reads_only_b_before_its_grid_dependency_wait(warp_mma_report):
+    """ptx/griddep.cuh's rule: the activations and every scale are read only
+    after a griddepcontrol.wait; before the first one, at most one batch of
+    B (kFlagBBeforeWait's path), through ld.global.cs."""
+    entries = warp_mma_report.ptx.split(".entry")[1:]
+    assert len(entries) == len(warp_mma_report.resources)
+    for entry in entries:
+        first_wait = entry.find("griddepcontrol.wait")
+        assert first_wait >= 0 and entry.count("griddepcontrol.wait") == 2     # one per loop copy
+        before = entry[:first_wait]
+        assert "ld.global.nc" not in before and "st.global" not in before
+        assert before.count("ld.global.cs") <= 4 * _config.WARP_MMA_UNROLL
+        trigger = entry.find("griddepcontrol.launch_dependents")
+        assert trigger > first_wait
 
 
 def test_warp_mma_smem_matches_the_python_formula():

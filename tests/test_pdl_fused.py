@@ -228,8 +228,9 @@ def test_fused_path_quantises_into_the_workspace_then_launches_the_gemm_as_its_d
 def test_fused_path_lets_the_warp_mma_pick_read_b_before_its_wait(monkeypatch, m, n, k):
     """With the warp-MMA pick, the fused path's GEMM (a programmatic
     dependent of cugemm8's quantiser, which writes only the workspace) gets
-    FLAG_B_BEFORE_WAIT; the FP8 op's own launch and the persistent picks
-    never do, and _prepare_launch refuses the flag for them."""
+    FLAG_B_BEFORE_WAIT; the persistent picks never do, and _prepare_launch
+    refuses the flag for them (the FP8 op's own warp-MMA launch passes 0:
+    test_validation.py::test_warp_mma_launch_arguments)."""
     _stub_gemm_launches(monkeypatch)
     monkeypatch.setattr(_quant, "ONE_KERNEL_MAX_M", {})
     for warp_mma in (True, False):

@@ -443,6 +443,15 @@ def test_warp_mma_candidates_entries_and_config_text():
     e = _tuned.entry_for("normal", 4, 2112, 7168, 1, env, wm)
     assert e["config"]["warp_mma"] is True and "swap_ab" not in e["config"]
     assert _tuned.config_from_entry(e, 7168, 132) == (wm, "")
+    # an entry for another n (its grid), an M bucket above 8 rows, or a
+    # reduced SM budget is not used (the heuristic serves the call)
+    for field, value, why in (("n", 4096, "ceil(n / block_n)"), ("m_bucket", 16, "M bucket")):
+        bad = dict(e, **{field: value})
+        assert _tuned.config_from_entry(bad, 7168, 132)[0] is None
+        assert why in _tuned.config_from_entry(bad, 7168, 132)[1]
+    whole = dict(e, env=dict(e["env"], sm_count=132))
+    assert _tuned.config_from_entry(whole, 7168, 132) == (wm, "")
+    assert "whole device" in _tuned.config_from_entry(whole, 7168, 100)[1]
     e["config"]["warp_mma"] = "yes"
     assert "warp_mma" in _tuned._entry_problem(e)
     plain = _tuned.entry_for("normal", 8, 4096, 7168, 1, env, _cfg(k=7168))

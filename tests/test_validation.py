@@ -8,6 +8,8 @@ not rejected, and nothing ever reaches a GPU (also on machines that have one).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -531,7 +533,7 @@ def test_a_box_covers_only_the_rows_that_exist(recorder, m):
     assert int(recorder.args[1]) == want
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 2112, 7168), (5, 4096, 1040), (8, 32768, 512)])
+@pytest.mark.parametrize("m,n,k", [(1, 2112, 7168), (5, 4096, 1040), (8, 32768, 512), (3, 8448, 112)])
 def test_warp_mma_launch_arguments(recorder, monkeypatch, m, n, k):
     """The warp-MMA pick launches its own kernel with raw addresses and
     strides (no tensor map): rows, K blocks, A and its row stride, SFA and
@@ -550,14 +552,40 @@ def test_warp_mma_launch_arguments(recorder, monkeypatch, m, n, k):
     d["out"] = fake((m, n), BF16, strides=(2 * (n + 8), 2)) if m > 1 else d["out"]
     call_normal(**d)
     assert recorder.maps == [] and recorder.kernel[0] == "fp8_gemm_warp_mma.cuh"
+    # (args[2], the kernel flags, is 0: only gemm_fp8's fused path sets kFlagBBeforeWait)
     args = [int(v) for v in recorder.args]
     a_row = k + 32 if m > 1 else k
-    pitch = -(-m // 4) * 4 if kb > 1 else -(-m // 4) * 4
+    pitch = -(-m // 4) * 4           # mn_major_sfa's pitch, and _scale_pitch's value for one K block
     assert args == [m, kb, 0, d["a"].data.ptr, a_row, d["sfa"].data.ptr, pitch, d["b"].data.ptr, k,
                     d["sfb"].data.ptr, d["out"].data.ptr, n + 8 if m > 1 else n]
     grid, block, smem = recorder.launch
     assert grid == (cfg.num_sms,) and cfg.num_sms == -(-n // cfg.block_n)
     assert block == (32 * cfg.num_k_splits * cfg.block_n // 16,) and smem == cfg.smem_bytes
+
+
+def test_warp_mma_falls_back_for_strides_of_4_gib_and_checks_its_grid(recorder, monkeypatch):
+    """Row strides the warp-MMA kernel's 32-bit arguments cannot hold (legal
+    for the TMA kernels, up to 2^40 bytes) take the persistent pick, never a
+    wrapped stride; a warp-MMA config whose grid does not cover n is
+    refused before launch (a stale tuned entry, a config forced for another
+    n)."""
+    from cugemm8 import _config, _device, gemm
+    monkeypatch.setattr(gemm, "_select", lambda kind, m_, n_, k_, g: _config.select_config(
+        kind, m_, n_, k_, num_groups=g, num_sms=132))
+    monkeypatch.setattr(_device, "current_device_id", lambda: 0)
+    m, n, k = 2, 2112, 7168
+    assert _config.select_config("normal", m, n, k, num_sms=132).warp_mma
+    d = normal_args(m=m, n=n, k=k)
+    d["a"] = fake((m, k), np.uint8, strides=(2 ** 32 + 16, 1))
+    d["sfa"] = mn_major_sfa((m, 56))
+    call_normal(**d)
+    assert recorder.kernel[0] == "fp8_gemm_1d2d.cuh" and len(recorder.maps) == 4
+    cfg = _config.select_config("normal", m, n, k, num_sms=132)
+    bad = dataclasses.replace(cfg, num_sms=cfg.num_sms - 1)
+    d = normal_args(m=m, n=n, k=k)
+    with pytest.raises(ValueError, match="one CTA per"):
+        gemm._prepare_launch(bad, "normal", n, k, 1, m, m, d["a"], mn_major_sfa((m, 56)), d["b"], d["sfb"],
+                             d["out"], None, 1)
 
 
 def test_masked_a_box_stays_inside_one_group(recorder):

@@ -8,7 +8,8 @@ rows and columns, and checks every element against the float64 reference
 within the promotion bound (tests/gpu_helpers.py), plus the guards and
 bit-identical reruns.  Shapes: M = 1 ... 8 on the six DeepSeek-V3 (N, K)
 pairs with the heuristic's pick where it is the warp-MMA kernel and a
-forced one elsewhere; forced K splits 1 ... 16 and 1 ... 32 slabs per CTA;
+forced one elsewhere; forced K splits 1 ... 16 and 1 ... 16 slabs per CTA (128-512 threads),
+both loops (with and without the early load of B);
 tails in N (N % 16 != 0, N = 8, 24, 520: slabs and CTAs past N) and K (K %
 128 != 0, K = 16, fewer K blocks than warps of some splits); a NaN row and a
 zero row; the public ops (gemm_fp8_fp8_bf16_nt picks it, a reduced SM
@@ -22,7 +23,7 @@ import numpy as np
 import pytest
 
 import cugemm8
-from cugemm8 import _config
+from cugemm8 import _config, gemm as _gemm
 from cugemm8._shapes import DEEPSEEK_NK
 from tests import gpu_helpers as H
 from tests.test_reliability_gpu import Capture
@@ -49,7 +50,17 @@ launch = H.launch_forced
 
 
 def run_forced(cp, cfg, m, n, k, seed, *, reruns=1):
-    return H.run_forced(cp, cfg, m, n, k, seed, reruns=reruns, rows_too=True)
+    """H.run_forced, plus the kernel's other loop (kFlagBBeforeWait: the
+    first batch of B loaded before the grid-dependency wait, gemm_fp8's
+    fused path; a plain launch here, so the wait returns at once), which
+    must give the same bits."""
+    a, sfa, b, sfb, out = H.run_forced(cp, cfg, m, n, k, seed, reruns=reruns, rows_too=True)
+    flagged, full = H.poisoned_out(cp, m, n)
+    _gemm._prepare_launch(cfg, "normal", n, k, 1, m, m, a, cugemm8.get_col_major_tma_aligned_tensor(sfa), b, sfb,
+                          flagged, None, 1, _gemm.FLAG_B_BEFORE_WAIT)()
+    assert H.guards_intact(cp, full, m, n), f"{cfg}: a guard row/column was written (B before the wait)"
+    assert bool(cp.all(out.view(cp.uint16) == flagged.view(cp.uint16))), f"{cfg}: the two loops differ"
+    return a, sfa, b, sfb, out
 
 
 @pytest.mark.parametrize("m", [1, 2, 4, 8])

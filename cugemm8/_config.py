@@ -605,26 +605,20 @@ def make_config(kind: str, block_m: int, block_n: int, num_stages: int, k: int, 
                 warp_mma: bool = False) -> GemmConfig:
     """Build a :class:`GemmConfig` with its derived fields (swizzle, shared
     memory for ``k``; the warpgroup count when ``num_math_warpgroups`` is
-    None: the default, 2, or 1 with ``swap_ab``) filled in.  Does not check
+    None: the default, 2, or 1 with ``swap_ab`` or ``warp_mma``) filled in.  Does not check
     legality: call :func:`is_legal` on the result."""
-    if warp_mma:
+    if warp_mma or swap_ab:
+        # The decode kernels: the given multicast / warpgroup fields are kept
+        # (is_legal rejects any but one warpgroup and no multicast), not
+        # silently replaced; no D staging, so no swizzle.
+        smem = (warp_mma_smem_size(block_m, block_n, num_k_splits) if warp_mma
+                else swap_ab_smem_size(block_m, block_n, num_stages, k, num_k_splits))
         return GemmConfig(kind=kind, block_m=block_m, block_n=block_n, block_k=BLOCK_K,
                           num_stages=num_stages,
                           num_math_warpgroups=1 if num_math_warpgroups is None else num_math_warpgroups,
                           num_multicast=num_multicast, multicast_on_a=multicast_on_a,
-                          num_k_splits=num_k_splits, num_sms=num_sms, swizzle_d=0,
-                          smem_bytes=warp_mma_smem_size(block_m, block_n, num_k_splits),
-                          warp_mma=True)
-    if swap_ab:
-        # The given multicast / warpgroup fields are kept (is_legal rejects
-        # any but one warpgroup and no multicast), not silently replaced.
-        return GemmConfig(kind=kind, block_m=block_m, block_n=block_n, block_k=BLOCK_K,
-                          num_stages=num_stages,
-                          num_math_warpgroups=1 if num_math_warpgroups is None else num_math_warpgroups,
-                          num_multicast=num_multicast, multicast_on_a=multicast_on_a,
-                          num_k_splits=num_k_splits, num_sms=num_sms, swizzle_d=0,
-                          smem_bytes=swap_ab_smem_size(block_m, block_n, num_stages, k, num_k_splits),
-                          swap_ab=True)
+                          num_k_splits=num_k_splits, num_sms=num_sms, swizzle_d=0, smem_bytes=smem,
+                          swap_ab=swap_ab, warp_mma=warp_mma)
     wgs = _default_math_warpgroups(block_m) if num_math_warpgroups is None else num_math_warpgroups
     return GemmConfig(kind=kind, block_m=block_m, block_n=block_n, block_k=BLOCK_K,
                       num_stages=num_stages,
@@ -763,6 +757,17 @@ def _swap_ab_legal(c: GemmConfig, k: int | None, available_sms: int | None,
     return True, "ok"
 
 
+def warp_mma_grid(n: int, block_n: int) -> int:
+    """CTAs of a warp-MMA launch: one per ``block_n`` rows of ``n`` (the
+    kernel is not persistent)."""
+    return _ceil_div(n, block_n)
+
+
+def warp_mma_threads(block_n: int, num_k_splits: int) -> int:
+    """Threads of a warp-MMA CTA: ``num_k_splits`` warps per 16-row slab."""
+    return 32 * num_k_splits * (block_n // 16)
+
+
 def warp_mma_smem_size(block_m: int, block_n: int, num_k_splits: int) -> int:
     """Shared memory of a warp-MMA CTA (cuda_src/fp8_gemm_warp_mma.cuh,
     WarpMmaSmem): with ``num_k_splits`` > 1, every warp's FP32 partial
@@ -779,7 +784,7 @@ def _warp_mma_legal(c: GemmConfig, k: int | None, smem_limit: int) -> tuple[bool
     if c.block_m != 8:
         return False, f"warp_mma block_m (the token tile) must be 8, got {c.block_m}"
     slabs = c.block_n // 16
-    threads = 32 * c.num_k_splits * slabs
+    threads = warp_mma_threads(c.block_n, c.num_k_splits)
     if c.block_n % 16 or not 1 <= slabs <= 32:
         return False, f"warp_mma block_n must be 16 times 1 ... 32 slabs, got {c.block_n}"
     if c.num_k_splits not in WARP_MMA_K_SPLITS:
@@ -833,10 +838,10 @@ def warp_mma_config(m: int, n: int, k: int, num_sms: int) -> GemmConfig | None:
         if splits > kb:
             continue
         for slabs in (1, 2, 4, 8, 16, 32):
-            threads = 32 * splits * slabs
+            threads = warp_mma_threads(16 * slabs, splits)
             if not WARP_MMA_MIN_THREADS <= threads <= WARP_MMA_MAX_THREADS:
                 continue
-            ctas = _ceil_div(slabs_total, slabs)
+            ctas = warp_mma_grid(n, 16 * slabs)
             per_sm = warp_mma_ctas_per_sm(threads)
             if per_sm < 1 or not num_sms <= ctas <= per_sm * num_sms:
                 continue
@@ -862,7 +867,7 @@ def tile_counts(config: GemmConfig, m: int, n: int, num_groups: int = 1) -> tupl
     (not persistent) runs one tile per CTA, all CTAs at once:
     ``(CTAs, CTAs, 1)``, or zeros for ``m`` = 0."""
     if config.warp_mma:
-        ctas = _ceil_div(n, config.block_n) if m > 0 else 0
+        ctas = warp_mma_grid(n, config.block_n) if m > 0 else 0
         return ctas, ctas, 1 if ctas else 0
     groups = num_groups if config.kind == "masked" else 1
     mb = _ceil_div(max(m, 0), config.block_m)

@@ -85,7 +85,7 @@ def parse_config(text: str, kind: str, m: int, n: int, k: int, num_groups: int, 
             return None
         bm, bn, unroll, splits = (int(mw.group(i)) for i in (1, 2, 3, 4))
         cfg = _config.make_config("normal", bm, bn, unroll, k, num_k_splits=splits,
-                                  num_sms=-(-n // bn) if bn > 0 else 1, warp_mma=True)
+                                  num_sms=_config.warp_mma_grid(n, bn) if bn > 0 else 1, warp_mma=True)
         return cfg if _config.is_legal(cfg, k=k)[0] else None
     ms = _SWAP_AB_RE.fullmatch(text.strip())
     if ms is not None:

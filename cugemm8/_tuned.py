@@ -285,8 +285,9 @@ def config_from_entry(e: dict, k: int, available_sms: int):
     if ok and cfg.warp_mma:
         # Its grid is one CTA per block_n rows of this n (not persistent),
         # and it takes at most block_m rows, on the whole device only.
-        if cfg.num_sms != -(-e["n"] // cfg.block_n):
-            ok, why = False, f"warp_mma num_sms {cfg.num_sms} != ceil(n / block_n) = {-(-e['n'] // cfg.block_n)}"
+        grid = _config.warp_mma_grid(e["n"], cfg.block_n)
+        if cfg.num_sms != grid:
+            ok, why = False, f"warp_mma num_sms {cfg.num_sms} != ceil(n / block_n) = {grid}"
         elif e["m_bucket"] > cfg.block_m:
             ok, why = False, f"warp_mma serves at most {cfg.block_m} rows, not the M bucket {e['m_bucket']}"
         elif isinstance(e["env"].get("sm_count"), int) and available_sms < e["env"]["sm_count"]:

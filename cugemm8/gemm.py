@@ -289,8 +289,8 @@ def _kernel_name(cfg: "_config.GemmConfig", n: int, k: int, gemm_type: int, num_
     if cfg.warp_mma:
         if x_dtype is not None:
             raise ValueError(f"config {cfg} (warp_mma) has no form that quantises its activations")
-        return (f"cugemm8::fp8_gemm_warp_mma_kernel<{n}, {k}, {cfg.block_m // 8}, 1, {cfg.num_k_splits}, "
-                f"{cfg.block_n // 16}, {cfg.num_stages}>")
+        return (f"cugemm8::fp8_gemm_warp_mma_kernel<{n}, {k}, {cfg.block_m // 8}, {_config.WARP_MMA_ROW_TILES}, "
+                f"{cfg.num_k_splits}, {cfg.block_n // 16}, {cfg.num_stages}>")
     if cfg.swap_ab:
         return (f"cugemm8::fp8_gemm_swap_ab_kernel<{n}, {k}, {cfg.block_m}, {cfg.block_n}, "
                 f"{cfg.num_stages}, {cfg.num_k_splits}{a_in}>")
@@ -465,24 +465,22 @@ def _prepare_warp_mma(cfg, kind, n, k, num_groups, shape_m, rows, a, sfa, b, sfb
         raise ValueError(f"config {cfg} (warp_mma) runs the normal GEMM only, not kind {kind!r}")
     if a.ndim != 2:
         raise ValueError(f"config {cfg} (warp_mma) takes a 2-D A, got {a.ndim}-D")
-    grid = -(-n // cfg.block_n)
+    grid = _config.warp_mma_grid(n, cfg.block_n)
     if cfg.num_sms != grid:
         raise ValueError(f"config {cfg} (warp_mma) must launch one CTA per {cfg.block_n} rows of n = {n}: "
                          f"num_sms {grid}, not {cfg.num_sms}")
-    if x_dtype is not None:
-        raise ValueError(f"config {cfg} (warp_mma) has no form that quantises its activations")
     if not 1 <= shape_m <= cfg.block_m:
         raise ValueError(f"config {cfg} (warp_mma) takes 1 ... {cfg.block_m} rows, not m = {shape_m}")
     kb = -(-k // 128)
-    name = _kernel_name(cfg, n, k, 0, 1)
+    name = _kernel_name(cfg, n, k, 0, 1, x_dtype)        # (refuses x_dtype: no such form)
     kern = _jit.get_kernel(_header_of(name), name, max_dynamic_smem=cfg.smem_bytes)
     a_row = a.strides[0] if shape_m > 1 else k
     d_row = out.strides[0] // 2 if shape_m > 1 else n
     args = (np.uint32(shape_m), np.uint32(kb), np.uint32(flags), np.uint64(a.data.ptr), np.uint32(a_row),
             np.uint64(sfa.data.ptr), np.uint32(_scale_pitch(sfa, rows, kb)), np.uint64(b.data.ptr),
             np.uint32(b.strides[0]), np.uint64(sfb.data.ptr), np.uint64(out.data.ptr), np.uint32(d_row))
-    threads = 32 * cfg.num_k_splits * (cfg.block_n // 16)
-    return Launcher(kern, (cfg.num_sms,), (threads,), args, cfg.smem_bytes)
+    return Launcher(kern, (grid,), (_config.warp_mma_threads(cfg.block_n, cfg.num_k_splits),), args,
+                    cfg.smem_bytes)
 
 
 #: common.cuh kFlagBEvictFirst

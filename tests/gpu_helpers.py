@@ -215,3 +215,21 @@ def run_forced(cp, cfg, m, n, k, seed, *, reruns=1, rows_too=False):
     for o in outs[1:]:
         assert bool(cp.all(outs[0].view(cp.uint16) == o.view(cp.uint16))), f"{cfg}: rerun differs"
     return a, sfa, b, sfb, outs[0]
+
+
+def check_special_value_rows(cp, cfg, m, n, k):
+    """A NaN in one token's row (row 2) stays in that token's output row; a
+    zero token row (row 4) gives zeros; the other rows match the reference
+    within the bound.  ``cfg`` forced (:func:`launch_forced`), m >= 6."""
+    rng = np.random.default_rng(5)
+    a, sfa, b, sfb = make_operands(cp, rng, m, n, k)
+    a[2, 100] = 0x7F               # e4m3 NaN
+    a[4, :] = 0
+    out = launch_forced(cp, cfg, a, sfa, b, sfb, m, n, k)
+    got = to_f64(cp, out)
+    assert bool(cp.all(cp.isnan(got[2])))
+    assert bool(cp.all(got[4] == 0))
+    a[2, 100] = 0
+    ref, bound = reference_and_bound(cp, a, sfa, b, sfb)
+    keep = [r for r in range(m) if r not in (2, 4)]
+    check_against(cp, out[keep], ref[keep], bound[keep], what=f"{cfg} rows without NaN")

@@ -20,7 +20,7 @@ with bf16 activations x [M, K] (normal) and FP8 weights from
 
 * ``fused``: ``cugemm8.gemm_fp8(x, (b, sfb), out, workspace=ws)``, PDL off,
   in the form the library picks (``form``: ``1K`` when the GEMM quantises x
-  itself, one kernel, at the few rows ``cugemm8.quant.one_kernel_max_m``
+  itself, one kernel, at the few rows ``cugemm8.quant.one_kernel_rows``
   allows the pick; ``2K``
   when the per-token quantiser is its prologue and the GEMM its
   programmatic dependent);
@@ -284,10 +284,11 @@ class _two_kernel_form:
         self.quant = cugemm8.quant
 
     def __enter__(self):
-        self.saved, self.quant.ONE_KERNEL_MAX_M = self.quant.ONE_KERNEL_MAX_M, {}
+        self.saved = self.quant._one_kernel_config
+        self.quant._one_kernel_config = lambda *args: None
 
     def __exit__(self, *exc):
-        self.quant.ONE_KERNEL_MAX_M = self.saved
+        self.quant._one_kernel_config = self.saved
 
 
 def _fused_form(cugemm8, x, n) -> str:

@@ -49,11 +49,33 @@
 // (rows >= N and tokens >= M are never written).  Loads past N, M or K read
 // nothing and count as zero.  Each warp loads kUnroll K blocks (all weights,
 // tokens and scales) before their MMAs.
+//
+// 16-bit float activations (kAIn != kAInFp8: gemm_fp8's one-kernel
+// bf16-in form): `a` holds x itself ([M, K_x] bfloat16 / float16, 16-byte
+// aligned rows).  The tokens are quantised before the main loop, while
+// every warp's first batch of B is in flight, into shared memory: with one
+// slab per CTA each warp quantises the 1x128 groups (token, K block) of its
+// own K blocks, with several slabs (whose warps read the same K blocks) the
+// CTA's warps share all of them; 16 lanes to a group and 8 elements to a
+// lane, with the per-token cast's own
+// device functions (quant.cuh: amax, scale, exact quotient, the integer-only
+// bytes of a group holding a NaN or an Inf), so the payload bytes and scales
+// are bit for bit those per_token_cast_to_fp8 writes and the output is that
+// of the cast followed by this kernel on FP8 A.  The payload is stored in
+// the MMA's fragment order (K block, half j, token g, lane t: 16 bytes), so
+// the main loop reads a lane's 16 bytes with one conflict-free shared load
+// where the FP8 form reads global memory.  Only the M real tokens are
+// quantised (no lane works on a token past M), each group once per CTA.
+// (History: a first form quantised in every warp's registers, each lane
+// its own token's 32 elements per block; every warp redid its slab's
+// tokens and lanes past M did the same work on zeros: 1.1-1.4x slower than
+// the quantiser + GEMM pair on the H200, benches/RESULTS.md v0.20.)
 #pragma once
 #include "common.cuh"
 #include "ptx/fp32.cuh"
 #include "ptx/griddep.cuh"
 #include "ptx/mma.cuh"
+#include "quant.cuh"
 
 namespace cugemm8 {
 
@@ -64,10 +86,36 @@ struct WarpMmaSmem {
   static constexpr uint32_t kPerWarp = kRowTiles * kTokenTiles * 16u * 8u;   // f32 values
   static constexpr uint32_t kTotal = kKSplit > 1 ? kSlabs * kKSplit * kPerWarp * 4u : 0u;
 };
+// The float-A form's tokens after it (16-byte aligned: kTotal is a multiple
+// of 512): per K block 8 tokens x 128 payload bytes in fragment order, then
+// per K block the 8 tokens' scales.
+template <uint32_t SHAPE_K>
+struct WarpMmaQuantASmem {
+  static constexpr uint32_t kNumKBlocks = (SHAPE_K + 127u) / 128u;
+  static constexpr uint32_t kPayload = kNumKBlocks * 8u * 128u;
+  static constexpr uint32_t kTotal = kPayload + kNumKBlocks * 8u * 4u;
+};
+
+// Registers a thread of the float-A form may take
+// (cugemm8/_config.py:WARP_MMA_QUANT_A_REGISTERS, which places its CTAs):
+// its launch bounds ask ptxas for as many CTAs per SM as that allows
+// (16-bit x fits without spills; unbounded, float16 x took 155).  FP8 A asks
+// for none (0: ptxas's own choice, 92-98 registers; an explicit 1 gave
+// 100-109).
+constexpr uint32_t kWarpMmaQuantARegisters = 128;
+// Steps (2 groups of 128 elements each) a warp of the float-A form
+// quantises per round, their loads in flight together
+// (cugemm8/_config.py:WARP_MMA_QUANT_A_STEPS, the one-round rule).
+constexpr uint32_t kWarpMmaQuantSteps = 4;
+template <uint32_t kAIn>
+constexpr uint32_t warp_mma_min_ctas(uint32_t threads) {
+  return kAIn == kAInFp8 ? 0u : 65536u / (threads * kWarpMmaQuantARegisters);
+}
 
 // Arguments:
 //   shape_m   rows of A / D (M), 1 ... 8 * kTokenTiles
-//   flags     kFlagBBeforeWait (common.cuh) or 0
+//   flags     kFlagBBeforeWait (common.cuh; FP8 A only) or 0; with float A
+//             also kFlagAPow2Scale (power-of-two activation scales)
 //   num_k_blocks  ceil(K / 128), the kernel's SHAPE_K in K blocks, as a
 //             run-time value on purpose: the K loop's trip count and each
 //             block's guard then stay run-time branches, and ptxas keeps a
@@ -76,21 +124,33 @@ struct WarpMmaSmem {
 //             between the loads of the next (SASS of <2112, 7168, 1, 1, 1,
 //             8, 4>: about one K block in flight per warp instead of
 //             kUnroll).  The kernel traps unless it equals ceil(SHAPE_K / 128).
-//   a, ld_a   A and its row stride in bytes (a multiple of 16)
+//   a, ld_a   A and its row stride in bytes (a multiple of 16); with float A
+//             (kAIn != kAInFp8) the activations x
 //   sfa, ld_sfa  A's scales, MN-major: element (m, kb) at sfa[kb * ld_sfa + m]
+//             (FP8 A only; not read for float A)
 //   b, ld_b   B and its row stride in bytes (a multiple of 16)
 //   sfb       B's scales, row-major [ceil(N/128), ceil(K/128)]
 //   d, ld_d   D and its row stride in elements
+//   shape_k_x float A only: x's columns K_x (SHAPE_K is K_x rounded up to a
+//             multiple of 16; the columns past K_x count as zeros, as the
+//             per-token cast pads them); not read for FP8 A
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t kTokenTiles, uint32_t kRowTiles, uint32_t kKSplit,
-          uint32_t kSlabs, uint32_t kUnroll>
-__global__ void __launch_bounds__(32 * kKSplit * kSlabs)
+          uint32_t kSlabs, uint32_t kUnroll, uint32_t kAIn = kAInFp8>
+__global__ void __launch_bounds__(32 * kKSplit * kSlabs, warp_mma_min_ctas<kAIn>(32 * kKSplit * kSlabs))
 fp8_gemm_warp_mma_kernel(uint32_t shape_m, uint32_t num_k_blocks, uint32_t flags, const uint8_t* __restrict__ a, uint32_t ld_a,
                          const float* __restrict__ sfa, uint32_t ld_sfa, const uint8_t* __restrict__ b,
                          uint32_t ld_b, const float* __restrict__ sfb, uint16_t* __restrict__ d,
-                         uint32_t ld_d) {
+                         uint32_t ld_d, uint32_t shape_k_x) {
   constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, 128u);
   constexpr uint32_t kSlabRows = 16u * kRowTiles;
   using Smem = WarpMmaSmem<kTokenTiles, kRowTiles, kKSplit, kSlabs>;
+  // Float A: x's element type.
+  constexpr bool kQuantA = kAIn != kAInFp8;
+  constexpr InDtype kXDtype = static_cast<InDtype>(kQuantA ? kAIn - 1u : 0u);
+  using XTraits = quant::InTraits<kXDtype>;
+  static_assert(kAIn <= kAInBFloat16, "kAIn: kAInFp8 or a float dtype (quant.cuh)");
+  static_assert(!kQuantA || kTokenTiles == 1, "float A: one token tile of 8 (gemm_fp8's M <= 8)");
+  static_assert(!kQuantA || XTraits::kBytes == 2, "float A: 16-bit x (gemm_fp8 quantises float32 x apart)");
   static_assert(SHAPE_K % 16 == 0 && SHAPE_K > 0, "K: a positive multiple of 16 (16-byte rows)");
   static_assert(SHAPE_N % 8 == 0 && SHAPE_N > 0, "N: a positive multiple of 8");
   static_assert(kTokenTiles == 1 || kTokenTiles == 2 || kTokenTiles == 4, "token tiles of 8: 8, 16 or 32 tokens");
@@ -140,6 +200,12 @@ fp8_gemm_warp_mma_kernel(uint32_t shape_m, uint32_t num_k_blocks, uint32_t flags
     tok_ok[tt] = m < shape_m;
     a_row[tt] = a + static_cast<uint64_t>(tok_ok[tt] ? m : 0u) * ld_a + t * 16u;
   }
+  // Float A: the CTA's quantised tokens (WarpMmaQuantASmem): lane (g, t)'s
+  // 16 bytes of half j of K block kb at xq_lane + (kb * 2 + j) * 512, the
+  // scale of token m of K block kb at xs[kb * 8 + m].
+  const uint8_t* xq = smem + Smem::kTotal;
+  const float* xs = reinterpret_cast<const float*>(xq + WarpMmaQuantASmem<SHAPE_K>::kPayload);
+  const uint8_t* xq_lane = xq + lane * 16u;
   // The scales' columns of this lane's accumulators: tokens 8tt + 2t, + 1.
   bool sfa_ok[kTokenTiles][2];
   #pragma unroll
@@ -174,29 +240,129 @@ fp8_gemm_warp_mma_kernel(uint32_t shape_m, uint32_t num_k_blocks, uint32_t flags
     }
   };
   auto load_xs = [&](Batch& bt, uint32_t kb0) {
-    #pragma unroll
-    for (uint32_t u = 0; u < kUnroll; ++u) {
-      const uint32_t kb = kb0 + u;
+    if constexpr (kQuantA) {
+      // The tokens from shared memory (quantised before the loop).
       #pragma unroll
-      for (uint32_t j = 0; j < 2; ++j) {
-        const uint32_t koff = kb * 128u + j * 64u;
-        const bool k_ok = kb < kb_end && koff + t * 16u < SHAPE_K;
+      for (uint32_t u = 0; u < kUnroll; ++u) {
+        const uint32_t kb = kb0 + u;
+        const bool kb_ok = kb < kb_end;
+        #pragma unroll
+        for (uint32_t j = 0; j < 2; ++j) {
+          U32x4 v{0u, 0u, 0u, 0u};
+          if (kb_ok && tok_ok[0]) v = *reinterpret_cast<const U32x4*>(xq_lane + (kb * 2u + j) * 512u);
+          bt.xa[u][0][j] = v;
+        }
+        #pragma unroll
+        for (uint32_t e = 0; e < 2; ++e) bt.sa[u][0][e] = kb_ok && sfa_ok[0][e] ? xs[kb * 8u + 2u * t + e] : 0.f;
+        bt.sb[u] = ld_nc_f32(sfb_row + kb, kb_ok);
+      }
+    } else {
+      #pragma unroll
+      for (uint32_t u = 0; u < kUnroll; ++u) {
+        const uint32_t kb = kb0 + u;
+        #pragma unroll
+        for (uint32_t j = 0; j < 2; ++j) {
+          const uint32_t koff = kb * 128u + j * 64u;
+          const bool k_ok = kb < kb_end && koff + t * 16u < SHAPE_K;
+          #pragma unroll
+          for (uint32_t tt = 0; tt < kTokenTiles; ++tt)
+            bt.xa[u][tt][j] = ld_16<false>(a_row[tt] + koff, k_ok && tok_ok[tt]);
+        }
+      }
+      #pragma unroll
+      for (uint32_t u = 0; u < kUnroll; ++u) {
+        const uint32_t kb = kb0 + u;
+        const bool kb_ok = kb < kb_end;
         #pragma unroll
         for (uint32_t tt = 0; tt < kTokenTiles; ++tt)
-          bt.xa[u][tt][j] = ld_16<false>(a_row[tt] + koff, k_ok && tok_ok[tt]);
+          #pragma unroll
+          for (uint32_t e = 0; e < 2; ++e)
+            bt.sa[u][tt][e] = ld_nc_f32(sfa + static_cast<uint64_t>(kb) * ld_sfa + tt * 8u + 2u * t + e,
+                                        kb_ok && sfa_ok[tt][e]);
+        bt.sb[u] = ld_nc_f32(sfb_row + kb, kb_ok);
       }
     }
+  };
+  // Float A: the tokens -> e4m3 payload and scales in shared memory (see
+  // the top of the file).  A warp takes 2 groups a step (16 lanes each,
+  // lane `piece` holding elements 8 piece ... + 7 of the group) and
+  // kQuantSteps steps a round, their loads in flight together.  With one
+  // slab per CTA every warp quantises the groups of its own K blocks
+  // (group id = (kb - kb_begin) * M + m) and only waits for its own lanes;
+  // with several slabs, whose warps all read the same K blocks, the CTA's
+  // warps take the CTA's groups (id = kb * M + m) in turns and wait for
+  // one another.  Elements at or past K_x count as zeros.  x_load issues a
+  // round's loads, x_quantize waits for them and stores the round's payload
+  // and scales.
+  constexpr uint32_t kQuantSteps = kWarpMmaQuantSteps;
+  constexpr uint32_t kXVec = XTraits::kVec;                  // 8 elements per 16-byte load
+  struct XRound {
+    uint32_t raw[kQuantSteps][4], m[kQuantSteps], kb[kQuantSteps];
+    bool ok[kQuantSteps];
+  };
+  constexpr bool kQuantPerWarp = kSlabs == 1;
+  const uint32_t x_sub = lane / 16u, x_piece = lane % 16u;
+  const uint32_t x_kb0 = kQuantPerWarp ? kb_begin : 0u;
+  const uint32_t x_groups = shape_m * (kQuantPerWarp ? kb_end - kb_begin : num_k_blocks);
+  const uint32_t x_stride = kQuantPerWarp ? 2u : kKSplit * kSlabs * 2u;
+  auto x_load = [&](XRound& xr, uint32_t g0) {
     #pragma unroll
-    for (uint32_t u = 0; u < kUnroll; ++u) {
-      const uint32_t kb = kb0 + u;
-      const bool kb_ok = kb < kb_end;
+    for (uint32_t h = 0; h < kQuantSteps; ++h) {
+      const uint32_t gid = g0 + h * x_stride + x_sub;
+      xr.ok[h] = gid < x_groups;
+      xr.m[h] = xr.ok[h] ? gid % shape_m : 0u;
+      xr.kb[h] = xr.ok[h] ? x_kb0 + gid / shape_m : 0u;
+      const uint32_t col = xr.kb[h] * 128u + x_piece * kXVec;
+      const U32x4 v = ld_16<false>(a + static_cast<uint64_t>(xr.m[h]) * ld_a + static_cast<uint64_t>(col) * 2u,
+                                   xr.ok[h] && col < shape_k_x);
+      xr.raw[h][0] = v.x, xr.raw[h][1] = v.y, xr.raw[h][2] = v.z, xr.raw[h][3] = v.w;
+    }
+  };
+  auto x_quantize = [&](XRound& xr) {
+    if constexpr (kQuantA) {      // (the FP8 form has no such phase)
+      static_assert(128u / kXVec == 16u, "16 lanes of 8 elements per 128-element group");
+      uint8_t* xq_w = smem + Smem::kTotal;
+      float* xs_w = reinterpret_cast<float*>(xq_w + WarpMmaQuantASmem<SHAPE_K>::kPayload);
+      const bool pow2 = (flags & kFlagAPow2Scale) != 0;
+      uint32_t amax[kQuantSteps];
       #pragma unroll
-      for (uint32_t tt = 0; tt < kTokenTiles; ++tt)
+      for (uint32_t h = 0; h < kQuantSteps; ++h) {
+        const uint32_t col = xr.kb[h] * 128u + x_piece * kXVec;
+        if (col + kXVec > shape_k_x) quant::zero_past<kXDtype>(xr.raw[h], col, shape_k_x);
+        amax[h] = quant::abs_max_bits<kXDtype>(xr.raw[h], 0u);
+      }
+      #pragma unroll
+      for (uint32_t off = 8u; off > 0; off /= 2u) {
         #pragma unroll
-        for (uint32_t e = 0; e < 2; ++e)
-          bt.sa[u][tt][e] = ld_nc_f32(sfa + static_cast<uint64_t>(kb) * ld_sfa + tt * 8u + 2u * t + e,
-                                      kb_ok && sfa_ok[tt][e]);
-      bt.sb[u] = ld_nc_f32(sfb_row + kb, kb_ok);
+        for (uint32_t h = 0; h < kQuantSteps; ++h) amax[h] = max(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], off));
+      }
+      uint32_t q[kQuantSteps][kXVec / 4];
+      float scale[kQuantSteps];
+      bool any_nonfinite = false;
+      #pragma unroll
+      for (uint32_t h = 0; h < kQuantSteps; ++h) {
+        scale[h] = quant::activation_scale<kXDtype>(amax[h], pow2);
+        const bool finite = __float_as_uint(scale[h]) < 0x7f800000u;
+        any_nonfinite |= !finite;
+        // A non-finite scale's reciprocal would be garbage: 1 stands in,
+        // and the group's bytes are replaced below.
+        quant::quantize<kXDtype>(xr.raw[h], quant::scaled_reciprocal(finite ? scale[h] : 1.0f), q[h]);
+      }
+      if (__any_sync(0xffffffffu, any_nonfinite)) {
+        #pragma unroll
+        for (uint32_t h = 0; h < kQuantSteps; ++h) {
+          if (__float_as_uint(scale[h]) >= 0x7f800000u) quant::quantize_nonfinite<kXDtype>(xr.raw[h], scale[h], q[h]);
+        }
+      }
+      #pragma unroll
+      for (uint32_t h = 0; h < kQuantSteps; ++h) {
+        if (!xr.ok[h]) continue;
+        // Element 8 piece of the group: half j = piece / 8, lane t = piece % 8 / 2, byte 8 (piece % 2).
+        const uint32_t off =
+            ((xr.kb[h] * 2u + x_piece / 8u) * 32u + xr.m[h] * 4u + x_piece % 8u / 2u) * 16u + x_piece % 2u * 8u;
+        *reinterpret_cast<uint2*>(xq_w + off) = make_uint2(q[h][0], q[h][1]);
+        if (x_piece == 0) xs_w[xr.kb[h] * 8u + xr.m[h]] = scale[h];
+      }
     }
   };
   // The MMAs and promotion of the batch at kb0.
@@ -236,7 +402,43 @@ fp8_gemm_warp_mma_kernel(uint32_t shape_m, uint32_t num_k_blocks, uint32_t flags
   // batch of B may stream in while that kernel runs (the rule in
   // ptx/griddep.cuh: a dependent of a cugemm8 kernel may read before its
   // wait what its immediate predecessor does not write).
-  if ((flags & kFlagBBeforeWait) == 0) {
+  // The loop over the warp's batches when the first batch's weights are
+  // already in flight in `bt` (loaded before the wait, or before the tokens'
+  // quantisation).
+  auto loop_from_first_batch = [&](Batch& bt) {
+    #pragma unroll 1
+    for (uint32_t kb0 = kb_begin; kb0 < kb_end; kb0 += kUnroll) {
+      if (kb0 != kb_begin) load_b(bt, kb0);
+      load_xs(bt, kb0);
+      __syncwarp();
+      compute(bt, kb0);
+    }
+  };
+  if constexpr (kQuantA) {
+    // The first batch of B streams in while the CTA quantises its tokens.
+    // The first round of x goes out before B (x is small; behind the
+    // grid's first batches of B it waited about 2 us on the H200).
+    griddep_wait();
+    griddep_launch_dependents();
+    XRound xr;
+    uint32_t g0 = kQuantPerWarp ? 0u : warp * 2u;
+    x_load(xr, g0);
+    Batch bt;
+    load_b(bt, kb_begin);
+    #pragma unroll 1
+    while (true) {
+      x_quantize(xr);
+      g0 += x_stride * kQuantSteps;
+      if (g0 >= x_groups) break;
+      x_load(xr, g0);
+    }
+    if constexpr (kQuantPerWarp) {
+      __syncwarp();
+    } else {
+      __syncthreads();
+    }
+    loop_from_first_batch(bt);
+  } else if ((flags & kFlagBBeforeWait) == 0) {
     griddep_wait();
     griddep_launch_dependents();
     #pragma unroll 1
@@ -256,13 +458,7 @@ fp8_gemm_warp_mma_kernel(uint32_t shape_m, uint32_t num_k_blocks, uint32_t flags
     load_b(bt, kb_begin);
     griddep_wait();
     griddep_launch_dependents();
-    #pragma unroll 1
-    for (uint32_t kb0 = kb_begin; kb0 < kb_end; kb0 += kUnroll) {
-      if (kb0 != kb_begin) load_b(bt, kb0);
-      load_xs(bt, kb0);
-      __syncwarp();
-      compute(bt, kb0);
-    }
+    loop_from_first_batch(bt);
   }
 
   // Epilogue: value (row, token) of the slab; row = 16r + 8h + g, token = 8tt + 2t + e.

@@ -46,6 +46,22 @@ namespace cugemm8 {
 // Input element type of the quantisation kernels (template argument).
 enum class InDtype : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
+// What A is (the GEMM kernels' kAIn template argument):
+//   kAInFp8: the e4m3 payload and its 1x128 scales, as written by
+//            per_token_cast_to_fp8 -- every GEMM op;
+//   kAInFloat32 / kAInFloat16 / kAInBFloat16 (1 + quant InDtype): the float
+//            activations x themselves, quantised inside the kernel
+//            (gemm_fp8's one-kernel form: quant_a.cuh in the TMA kernels,
+//            fp8_gemm_warp_mma.cuh).
+constexpr uint32_t kAInFp8 = 0;
+constexpr uint32_t kAInFloat32 = 1 + static_cast<uint32_t>(InDtype::kFloat32);
+constexpr uint32_t kAInFloat16 = 1 + static_cast<uint32_t>(InDtype::kFloat16);
+constexpr uint32_t kAInBFloat16 = 1 + static_cast<uint32_t>(InDtype::kBFloat16);
+
+// per_token_cast_to_fp8's default min_amax (cugemm8/quant.py _DEFAULT_MIN_AMAX), the
+// only one gemm_fp8 uses.
+constexpr float kQuantAMinAmax = 1e-4f;
+
 namespace quant {
 
 constexpr uint32_t kGroup = 128;              // quantisation granule along K (and N)
@@ -258,6 +274,33 @@ __device__ __forceinline__ float amax_to_scale(uint32_t amax_bits, float min_ama
     scale = cvt_rn_f32_f64(mul_rn_f64(embed_normal_rebiased<0>(amax_bits), kInv448));
   if constexpr (kPow2) scale = __uint_as_float(round_up_pow2_bits(__float_as_uint(scale)));
   return scale;
+}
+
+// The scale of gemm_fp8's in-kernel quantisation (quant_a.cuh and
+// fp8_gemm_warp_mma.cuh) for a 1x128 group whose |x| maximum has bits
+// `amax` of kIn: per_token_cast_to_fp8 with its default min_amax
+// (kQuantAMinAmax), rounded up to a power of two when `pow2` (the run-time
+// kFlagAPow2Scale; the same bits as amax_to_scale<true>).
+template <InDtype kIn>
+__device__ __forceinline__ float activation_scale(uint32_t amax, bool pow2) {
+  const float scale = amax_to_scale<false>(abs_bits_to_f32_bits<kIn>(amax), kQuantAMinAmax);
+  return pow2 ? __uint_as_float(round_up_pow2_bits(__float_as_uint(scale))) : scale;
+}
+
+// Zero the elements of one 16-byte load of kIn (starting at column `col`)
+// that lie at or past column `end`: the K tail of a row that a 16-byte load
+// reads past, counted as the zeros the per-token cast pads K with.
+template <InDtype kIn>
+__device__ __forceinline__ void zero_past(uint32_t (&raw)[4], uint32_t col, uint32_t end) {
+#pragma unroll
+  for (uint32_t w = 0; w < 4; ++w) {
+    if constexpr (kIn == InDtype::kFloat32) {
+      raw[w] = col + w < end ? raw[w] : 0u;
+    } else {
+      const uint32_t keep = (col + 2 * w < end ? 0x0000ffffu : 0u) | (col + 2 * w + 1 < end ? 0xffff0000u : 0u);
+      raw[w] &= keep;
+    }
+  }
 }
 
 // The kVec elements of one load -> kVec e4m3fn bytes packed little-endian in

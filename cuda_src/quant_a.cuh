@@ -40,23 +40,11 @@
 
 namespace cugemm8 {
 
-// What A is (the GEMM kernels' kAIn template argument):
-//   kAInFp8: e4m3 payload and its 1x128 scales, both loaded by TMA (tmap_a,
-//            tmap_sfa) -- every GEMM op;
-//   kAInFloat32 / kAInFloat16 / kAInBFloat16 (1 + quant InDtype): the float
-//            activations x themselves, quantised inside the kernel
-//            (gemm_fp8's one-kernel form, above).
-constexpr uint32_t kAInFp8 = 0;
-constexpr uint32_t kAInFloat32 = 1 + static_cast<uint32_t>(InDtype::kFloat32);
-constexpr uint32_t kAInFloat16 = 1 + static_cast<uint32_t>(InDtype::kFloat16);
-constexpr uint32_t kAInBFloat16 = 1 + static_cast<uint32_t>(InDtype::kBFloat16);
+// kAIn (what A is) and kQuantAMinAmax: quant.cuh.
 
 // Rows of x a stage's payload holds (the host never launches more: cugemm8/quant.py).
 constexpr uint32_t kQuantARows = 8;
 constexpr uint32_t kNumConverterWarps = 3;
-// per_token_cast_to_fp8's default min_amax (cugemm8/quant.py _DEFAULT_MIN_AMAX), the
-// only one gemm_fp8 uses.
-constexpr float kQuantAMinAmax = 1e-4f;
 
 // The converter warps' code for activations of type kXDtype in a ring of
 // kNumStages stages.
@@ -95,8 +83,7 @@ struct QuantAConverter {
     }
     #pragma unroll
     for (uint32_t h = 0; h < kPar; ++h) {
-      float sc = quant::amax_to_scale<false>(quant::abs_bits_to_f32_bits<kXDtype>(amax[h]), kQuantAMinAmax);
-      if (pow2) sc = __uint_as_float(quant::round_up_pow2_bits(__float_as_uint(sc)));
+      const float sc = quant::activation_scale<kXDtype>(amax[h], pow2);
       scale[h] = sc;
       finite[h] = __float_as_uint(sc) < 0x7f800000u;
       any_nonfinite |= !finite[h];

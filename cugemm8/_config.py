@@ -182,6 +182,7 @@ __all__ = [
 KINDS = ("normal", "contiguous", "masked")
 BLOCK_K = 128
 SMEM_LIMIT = 232448          # sm_90 opt-in dynamic shared memory per block
+SMEM_PER_SM = 228 * 1024     # sm_90 shared memory per SM
 MAX_STAGES = 16
 MIN_STAGES = 3
 REGISTER_LIMIT = 192         # FP32 accumulator registers per math thread
@@ -288,6 +289,35 @@ WARP_MMA_K_SPLITS = (1, 2, 4, 7, 8, 14, 16)
 WARP_MMA_MIN_THREADS = 128
 WARP_MMA_MAX_THREADS = 512
 WARP_MMA_REGISTERS = 104
+# The form that quantises 16-bit activations itself (gemm_fp8's one-kernel
+# bf16-in path, the kernel's kAIn): its launch bounds cap a thread at this
+# many registers (cuda_src/fp8_gemm_warp_mma.cuh kWarpMmaQuantARegisters;
+# ptxas takes all of them, no spills: CI checks), which places its CTAs.
+# float32 activations have no such form (their raw pieces would spill).
+WARP_MMA_QUANT_A_REGISTERS = 128
+# Its tokens are quantised before the main loop (one slab per CTA: each
+# warp its own K blocks' groups; several slabs: the CTA's warps share them),
+# 2 groups of 128 elements per warp step, WARP_MMA_QUANT_A_STEPS steps per
+# round (fp8_gemm_warp_mma.cuh kWarpMmaQuantSteps).  gemm_fp8 takes this
+# form up to the rows that give a warp at most WARP_MMA_ONE_KERNEL_MAX_GROUPS
+# groups, fewer than one full round: measured on the H200
+# (benches/bench_e2e.py, benches/RESULTS.md v0.20) against the quantiser +
+# GEMM pair, 1.03-1.08x at up to 7 groups a warp (32768x512 M <= 7,
+# 24576x1536 M <= 2, 4096x7168 M = 1), a tie at 4 (2112x7168 and 7168x2048
+# at M = 1), 0.95-1.05x at a full round of 8 and 0.57-0.94x beyond (the
+# rounds are latency-bound: an x load from HBM and the exact quotient's
+# float64 chain each).
+WARP_MMA_QUANT_A_STEPS = 4
+WARP_MMA_ONE_KERNEL_MAX_GROUPS = 7
+
+
+def warp_mma_quant_groups_per_warp(config: "GemmConfig", m: int, k: int) -> int:
+    """1x128 groups the busiest warp of warp-MMA ``config``'s form that
+    quantises x itself quantises for ``m`` tokens and K = ``k``."""
+    kb = _ceil_div(k, BLOCK_K)
+    if config.block_n == 16:                      # one slab: each warp its own K blocks
+        return m * _ceil_div(kb, config.num_k_splits)
+    return _ceil_div(m * kb, warp_mma_threads(config.block_n, config.num_k_splits) // 32)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -336,7 +366,8 @@ def smem_size(block_m: int, block_n: int, num_stages: int, k: int, num_k_splits:
 QUANT_A_MAX_ROWS = 8
 
 
-def quant_a_config(config: GemmConfig, k: int, itemsize: int, smem_limit: int = SMEM_LIMIT) -> GemmConfig | None:
+def quant_a_config(config: GemmConfig, k: int, itemsize: int, smem_limit: int = SMEM_LIMIT, *,
+                   num_sms: int | None = None) -> GemmConfig | None:
     """The configuration of the kernel that quantises float activations of
     ``itemsize`` bytes (2 or 4) itself (gemm_fp8's one-kernel bf16-in form,
     cuda_src/quant_a.cuh) for the normal GEMM's pick ``config``, or None when
@@ -347,9 +378,25 @@ def quant_a_config(config: GemmConfig, k: int, itemsize: int, smem_limit: int = 
     hence the same accumulation order and output bits; the stages are the
     most that fit its stages with their slots for x (:func:`smem_size` or
     :func:`swap_ab_smem_size` with ``quant_a``), at most 16 (1D2D) or
-    :data:`SWAP_AB_MAX_STAGES`."""
+    :data:`SWAP_AB_MAX_STAGES`.
+
+    A warp-MMA pick's twin (cuda_src/fp8_gemm_warp_mma.cuh: each CTA
+    quantises its tokens into shared memory before its main loop) is the
+    same grid and K split with the tokens' shared memory added
+    (:func:`warp_mma_smem_size` with ``k``), for 16-bit activations whose
+    CTAs, at :data:`WARP_MMA_QUANT_A_REGISTERS` registers a thread and that
+    shared memory, all fit at once on ``num_sms`` SMs (the device's,
+    required for such a pick), as the pick's own do; never for float32
+    activations."""
     if config.warp_mma:
-        return None          # the warp-MMA kernel has no converter warps (gemm_fp8: two kernels)
+        if num_sms is None:
+            raise ValueError("quant_a_config of a warp-MMA config needs num_sms (the device's SMs)")
+        smem = warp_mma_smem_size(config.block_m, config.block_n, config.num_k_splits, k)
+        threads = warp_mma_threads(config.block_n, config.num_k_splits)
+        per_sm = warp_mma_ctas_per_sm(threads, WARP_MMA_QUANT_A_REGISTERS, smem)
+        if itemsize != 2 or smem > smem_limit or config.num_sms > per_sm * num_sms:
+            return None
+        return dataclasses.replace(config, smem_bytes=smem)
     if config.kind == "normal" and config.swap_ab and config.block_m == QUANT_A_MAX_ROWS:
         stages = swap_ab_max_stages(config.block_m, config.block_n, k, smem_limit,
                                     num_k_splits=config.num_k_splits, quant_a=itemsize)
@@ -768,13 +815,17 @@ def warp_mma_threads(block_n: int, num_k_splits: int) -> int:
     return 32 * num_k_splits * (block_n // 16)
 
 
-def warp_mma_smem_size(block_m: int, block_n: int, num_k_splits: int) -> int:
+def warp_mma_smem_size(block_m: int, block_n: int, num_k_splits: int, k: int | None = None) -> int:
     """Shared memory of a warp-MMA CTA (cuda_src/fp8_gemm_warp_mma.cuh,
     WarpMmaSmem): with ``num_k_splits`` > 1, every warp's FP32 partial
-    (16 rows x ``block_m`` tokens) for the cross-warp sum; else none."""
-    if num_k_splits <= 1:
-        return 0
-    return (block_n // 16) * num_k_splits * 16 * block_m * 4
+    (16 rows x ``block_m`` tokens) for the cross-warp sum; else none.  With
+    ``k`` (the form that quantises x itself, WarpMmaQuantASmem), after it
+    the CTA's 8 tokens quantised: per 128-wide K block 8 x 128 payload
+    bytes and 8 f32 scales."""
+    size = (block_n // 16) * num_k_splits * 16 * block_m * 4 if num_k_splits > 1 else 0
+    if k is not None:
+        size += _ceil_div(k, BLOCK_K) * (8 * BLOCK_K + 8 * 4)
+    return size
 
 
 def _warp_mma_legal(c: GemmConfig, k: int | None, smem_limit: int) -> tuple[bool, str]:
@@ -799,8 +850,9 @@ def _warp_mma_legal(c: GemmConfig, k: int | None, smem_limit: int) -> tuple[bool
     if k is not None and _ceil_div(k, BLOCK_K) < c.num_k_splits:
         return False, f"k = {k} has fewer 128-wide K blocks than num_k_splits {c.num_k_splits}"
     size = warp_mma_smem_size(c.block_m, c.block_n, c.num_k_splits)
-    if c.smem_bytes != size:
-        return False, f"smem_bytes {c.smem_bytes} != warp_mma_smem_size(...) = {size}"
+    sizes = (size,) if k is None else (size, warp_mma_smem_size(c.block_m, c.block_n, c.num_k_splits, k))
+    if c.smem_bytes not in sizes:
+        return False, f"smem_bytes {c.smem_bytes} != warp_mma_smem_size(...) = {' or '.join(map(str, sizes))}"
     if c.smem_bytes > smem_limit:
         return False, f"smem_bytes {c.smem_bytes} > limit {smem_limit}"
     if c.num_sms < 1:
@@ -808,10 +860,12 @@ def _warp_mma_legal(c: GemmConfig, k: int | None, smem_limit: int) -> tuple[bool
     return True, "ok"
 
 
-def warp_mma_ctas_per_sm(threads: int) -> int:
-    """CTAs of ``threads`` threads one SM holds at :data:`WARP_MMA_REGISTERS`
-    registers a thread (64 K registers, 2048 threads, 32 CTAs per SM)."""
-    return max(0, min(65536 // (threads * WARP_MMA_REGISTERS), 2048 // threads, 32))
+def warp_mma_ctas_per_sm(threads: int, registers: int = WARP_MMA_REGISTERS, smem_bytes: int = 0) -> int:
+    """CTAs of ``threads`` threads and ``smem_bytes`` of shared memory one
+    SM holds at ``registers`` registers a thread (64 K registers, 2048
+    threads, 32 CTAs, 228 KB of shared memory of which each CTA also
+    reserves 1 KB)."""
+    return max(0, min(65536 // (threads * registers), 2048 // threads, 32, SMEM_PER_SM // (smem_bytes + 1024)))
 
 
 def warp_mma_config(m: int, n: int, k: int, num_sms: int) -> GemmConfig | None:

@@ -287,10 +287,10 @@ def _kernel_name(cfg: "_config.GemmConfig", n: int, k: int, gemm_type: int, num_
                  x_dtype: str | None = None) -> str:
     a_in = f", {A_IN_CODES[x_dtype]}" if x_dtype is not None else ""
     if cfg.warp_mma:
-        if x_dtype is not None:
-            raise ValueError(f"config {cfg} (warp_mma) has no form that quantises its activations")
+        if x_dtype == "float32":
+            raise ValueError(f"config {cfg} (warp_mma) quantises 16-bit activations only, not {x_dtype}")
         return (f"cugemm8::fp8_gemm_warp_mma_kernel<{n}, {k}, {cfg.block_m // 8}, {_config.WARP_MMA_ROW_TILES}, "
-                f"{cfg.num_k_splits}, {cfg.block_n // 16}, {cfg.num_stages}>")
+                f"{cfg.num_k_splits}, {cfg.block_n // 16}, {cfg.num_stages}{a_in}>")
     if cfg.swap_ab:
         return (f"cugemm8::fp8_gemm_swap_ab_kernel<{n}, {k}, {cfg.block_m}, {cfg.block_n}, "
                 f"{cfg.num_stages}, {cfg.num_k_splits}{a_in}>")
@@ -374,6 +374,8 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
     """
     kb = -(-k // 128)
     if cfg.warp_mma and not _warp_mma_strides_fit(a, sfa, b, rows, kb):
+        if x_dtype is not None:       # (gemm_fp8 takes two kernels there: quant._one_kernel_config)
+            raise ValueError(f"config {cfg} (warp_mma) quantising {x_dtype} activations takes strides below 4 GiB")
         # Rows 4 GiB apart or more (legal for TMA, whose strides reach 2^40):
         # the persistent pick, whose tensor maps take them.
         cfg = _config.select_config(kind, rows, n, k, num_groups=num_groups, num_sms=_device.get_num_sms(),
@@ -458,9 +460,15 @@ def _prepare_warp_mma(cfg, kind, n, k, num_groups, shape_m, rows, a, sfa, b, sfb
     raw addresses and strides, no tensor maps.  The operands' layouts are
     the TMA kernels' (validated already: 16-byte aligned rows, MN-major
     TMA-aligned ``sfa``, C-contiguous ``sfb``).  ``flags``: 0 or
-    :data:`FLAG_B_BEFORE_WAIT` (gemm_fp8's fused path only)."""
-    if flags & ~FLAG_B_BEFORE_WAIT:
-        raise ValueError(f"config {cfg} (warp_mma) takes no kernel flags but FLAG_B_BEFORE_WAIT, got {flags}")
+    :data:`FLAG_B_BEFORE_WAIT` (gemm_fp8's two-kernel fused path only).
+    With ``x_dtype`` (16-bit), ``a`` is the float activations ``[m, k_x]``
+    (16-byte aligned base and rows, ``k_x`` padding to ``k``) that the
+    kernel quantises itself, ``sfa`` is None, and ``flags`` may hold
+    :data:`FLAG_A_POW2_SCALE`."""
+    allowed = FLAG_A_POW2_SCALE if x_dtype is not None else FLAG_B_BEFORE_WAIT
+    if flags & ~allowed:
+        raise ValueError(f"config {cfg} (warp_mma{', ' + x_dtype + ' in' if x_dtype else ''}) takes no kernel "
+                         f"flags but {allowed}, got {flags}")
     if kind != "normal" or num_groups != 1:
         raise ValueError(f"config {cfg} (warp_mma) runs the normal GEMM only, not kind {kind!r}")
     if a.ndim != 2:
@@ -471,14 +479,24 @@ def _prepare_warp_mma(cfg, kind, n, k, num_groups, shape_m, rows, a, sfa, b, sfb
                          f"num_sms {grid}, not {cfg.num_sms}")
     if not 1 <= shape_m <= cfg.block_m:
         raise ValueError(f"config {cfg} (warp_mma) takes 1 ... {cfg.block_m} rows, not m = {shape_m}")
+    need = _config.warp_mma_smem_size(cfg.block_m, cfg.block_n, cfg.num_k_splits, k if x_dtype else None)
+    if cfg.smem_bytes != need:
+        raise ValueError(f"config {cfg} (warp_mma{', ' + x_dtype + ' in' if x_dtype else ''}) needs "
+                         f"smem_bytes {need} (cugemm8._config.quant_a_config gives the form that quantises x), "
+                         f"not {cfg.smem_bytes}")
     kb = -(-k // 128)
-    name = _kernel_name(cfg, n, k, 0, 1, x_dtype)        # (refuses x_dtype: no such form)
+    name = _kernel_name(cfg, n, k, 0, 1, x_dtype)        # (refuses float32 x: no such form)
     kern = _jit.get_kernel(_header_of(name), name, max_dynamic_smem=cfg.smem_bytes)
-    a_row = a.strides[0] if shape_m > 1 else k
+    a_row = a.strides[0] if shape_m > 1 else k * a.itemsize
     d_row = out.strides[0] // 2 if shape_m > 1 else n
+    if x_dtype is None:
+        sfa_ptr, sfa_pitch, k_x = sfa.data.ptr, _scale_pitch(sfa, rows, kb), k
+    else:
+        sfa_ptr, sfa_pitch, k_x = 0, 0, a.shape[1]
     args = (np.uint32(shape_m), np.uint32(kb), np.uint32(flags), np.uint64(a.data.ptr), np.uint32(a_row),
-            np.uint64(sfa.data.ptr), np.uint32(_scale_pitch(sfa, rows, kb)), np.uint64(b.data.ptr),
-            np.uint32(b.strides[0]), np.uint64(sfb.data.ptr), np.uint64(out.data.ptr), np.uint32(d_row))
+            np.uint64(sfa_ptr), np.uint32(sfa_pitch), np.uint64(b.data.ptr),
+            np.uint32(b.strides[0]), np.uint64(sfb.data.ptr), np.uint64(out.data.ptr), np.uint32(d_row),
+            np.uint32(k_x))
     return Launcher(kern, (grid,), (_config.warp_mma_threads(cfg.block_n, cfg.num_k_splits),), args,
                     cfg.smem_bytes)
 

@@ -649,31 +649,43 @@ def gemm_fp8(a: cupy.ndarray | tuple[cupy.ndarray, cupy.ndarray],
     :func:`cugemm8.gemm_fp8_fp8_bf16_nt` (same quantisation arithmetic, same
     GEMM configuration, hence the same accumulation order):
 
-    * **one kernel**, for a few rows (:func:`one_kernel_max_m`: up to 8 rows
-      of 16-bit ``a`` where the GEMM's pick is at least 128 columns wide, 4
-      where it is 48-120 wide or the swap-AB kernel's 64-row weight tile,
-      half that for float32; never for the narrow 1D2D tiles of the K = 7168
-      decode shapes) when ``a``'s rows can be read in
-      place (contiguous last dimension, 16-byte aligned base and row
-      stride): the GEMM quantises ``a`` itself.  Idle warps of its producer
-      warpgroup load each 128-column block of ``a`` by TMA a ring lap
-      ahead and quantise it with the per-token kernel's own device
-      functions while the stage's weights are in flight
-      (cuda_src/quant_a.cuh, in the 1D2D and the swap-AB kernels).  No
-      workspace and no second launch, so it also captures in CUDA graphs
-      without a ``workspace``.  Measured on the H200 (``benches/bench_e2e.py``,
-      benches/RESULTS.md v0.14): 1.20x (24576 x 1536), 1.31x (32768 x 512)
-      and 1.34-1.39x (7168 x 2048) the span of the two-launch path at
-      M <= 4, and 1.05-1.22x the two-kernel form;
+    * **one kernel**, for a few rows (:func:`one_kernel_rows`) when ``a``'s
+      rows can be read in place (contiguous last dimension, 16-byte aligned
+      base and row stride): the GEMM quantises ``a`` itself, with the
+      per-token kernel's own device functions.  No workspace and no second
+      launch, so it also captures in CUDA graphs without a ``workspace``.
+
+      - The warp-MMA decode pick (1 <= m <= 8 on the whole device,
+        cuda_src/fp8_gemm_warp_mma.cuh), for 16-bit ``a`` (bfloat16 /
+        float16; float32 takes two kernels): each CTA quantises its tokens
+        into shared memory before its main loop while its first weights
+        are in flight, up to the rows that leave its busiest warp at most
+        7 groups of 128 elements (32768 x 512: m <= 7, 24576 x 1536:
+        m <= 2, 4096 x 7168, 7168 x 2048 and 2112 x 7168: m = 1).
+        Measured on the H200 (``benches/bench_e2e.py``, benches/RESULTS.md
+        v0.20): 1.12-1.23x the span of the two-launch path and 0.99-1.07x
+        the two-kernel form on those rows.
+      - The TMA picks (a reduced SM budget, or larger m): up to 8 rows of
+        16-bit ``a`` where the pick is at least 128 columns wide, 4 where
+        it is 48-120 wide or the swap-AB kernel's 64-row weight tile, half
+        that for float32, never for the narrow 1D2D tiles of the K = 7168
+        decode shapes (:func:`one_kernel_max_m`).  Idle warps of its
+        producer warpgroup load each 128-column block of ``a`` by TMA a
+        ring lap ahead and quantise it while the stage's weights are in
+        flight (cuda_src/quant_a.cuh, in the 1D2D and the swap-AB kernels).
+        Measured (benches/RESULTS.md v0.14): 1.20x (24576 x 1536), 1.31x
+        (32768 x 512) and 1.34-1.39x (7168 x 2048) the span of the
+        two-launch path at M <= 4, and 1.05-1.22x the two-kernel form;
     * **two kernels** otherwise: ``a`` is quantised 1x128 by the per-token
       kernel into a workspace, and the GEMM is launched as its programmatic
       dependent (``cuLaunchKernelEx`` with programmatic stream serialization,
       whatever :func:`cugemm8.set_pdl` says): its CTAs launch and set up
       while the quantiser runs, and its first global access waits for it
-      (``griddepcontrol.wait``); the quantised activations (``m * k`` bytes
-      plus scales) stay in L2 between the two kernels.  Measured: 1.02-1.18x
-      the span of the two-launch path, the same as the two launches with
-      :func:`cugemm8.set_pdl` on (benches/RESULTS.md v0.9, v0.12).
+      (``griddepcontrol.wait``; the warp-MMA pick streams its first weights
+      before that wait); the quantised activations (``m * k`` bytes plus
+      scales) stay in L2 between the two kernels.  Measured: 1.02-1.18x the
+      span of the two-launch path, the same as the two launches with
+      :func:`cugemm8.set_pdl` on (benches/RESULTS.md v0.9, v0.12, v0.20).
 
     Either form takes 2-5x less time than DeepGEMM's ``per_token_cast_to_fp8`` +
     ``fp8_gemm_nt`` pair (same run).
@@ -876,7 +888,8 @@ def _fused_key(a, b, out, workspace, pow2_scale, gemm):
 
 
 #: Rows of float activations up to which :func:`gemm_fp8`'s fused path
-#: quantises them inside the GEMM (one kernel; cuda_src/quant_a.cuh) instead
+#: quantises them inside a TMA GEMM (one kernel; cuda_src/quant_a.cuh; the
+#: warp-MMA pick's rule is :data:`cugemm8._config.WARP_MMA_ONE_KERNEL_MAX_GROUPS`) instead
 #: of in a per-token prologue kernel: by x's element size, ``((min BLOCK_N,
 #: max rows), ...)`` of the GEMM's pick (for a swap-AB pick its weight tile,
 #: the WGMMA's 64-row waves), the first match deciding, none meaning never
@@ -908,14 +921,32 @@ def one_kernel_max_m(block_n: int, itemsize: int) -> int:
     return 0
 
 
+def one_kernel_rows(twin, itemsize: int, k: int) -> int:
+    """Rows of float activations of ``itemsize`` bytes up to which the fused
+    path runs ``twin`` (a :func:`cugemm8._config.quant_a_config` result) at
+    K = ``k``: for the warp-MMA kernel the most rows that give its busiest
+    warp at most :data:`cugemm8._config.WARP_MMA_ONE_KERNEL_MAX_GROUPS`
+    groups to quantise (measured, see there), else :func:`one_kernel_max_m`
+    of the TMA twin's BLOCK_N."""
+    if twin.warp_mma:
+        rows = 0
+        while (rows < min(twin.block_m, _config.WARP_MMA_MAX_M) and _config.warp_mma_quant_groups_per_warp(
+                twin, rows + 1, k) <= _config.WARP_MMA_ONE_KERNEL_MAX_GROUPS):
+            rows += 1
+        return rows
+    return one_kernel_max_m(twin.block_n, itemsize)
+
+
 def _one_kernel_config(x, n: int, k: int, gemm):
     """The configuration of :func:`gemm_fp8`'s one-kernel form for float
     activations ``x [m, k_x]`` (validated; ``k`` = padded_k(k_x)) against
     quantised weights ``[n, k]``, or None when that form does not apply: a
-    layout TMA cannot read in place (the last dimension not contiguous, the
-    base or row stride not 16-byte aligned), a GEMM pick without such a form
-    (:func:`cugemm8._config.quant_a_config`), or more rows than
-    :func:`one_kernel_max_m` gives that pick.  Broadcast or reversed rows
+    layout the kernel cannot read in place (the last dimension not
+    contiguous, the base or row stride not 16-byte aligned; for the
+    warp-MMA kernel also a row stride of 4 GiB or more), a GEMM pick without
+    such a form (:func:`cugemm8._config.quant_a_config`: the warp-MMA pick
+    has one for 16-bit activations), or more rows than
+    :func:`one_kernel_max_m` gives a TMA pick.  Broadcast or reversed rows
     (a zero or negative row stride) take the two-kernel form, whose
     quantiser reads them.  The pick is the normal GEMM's
     own (tuned or heuristic), so the output bits are those of
@@ -926,8 +957,12 @@ def _one_kernel_config(x, n: int, k: int, gemm):
     if (x.data.ptr % 16 or (x.shape[1] > 1 and x.strides[1] != item)
             or (m > 1 and (x.strides[0] <= 0 or x.strides[0] % 16))):
         return None                     # (TMA: positive 16-byte multiples; broadcast / reversed rows: two kernels)
-    cfg = _config.quant_a_config(gemm._select("normal", m, n, k, 1), k, item)
-    return cfg if cfg is not None and m <= one_kernel_max_m(cfg.block_n, item) else None
+    pick = gemm._select("normal", m, n, k, 1)
+    cfg = _config.quant_a_config(pick, k, item, num_sms=_device.get_num_sms() if pick.warp_mma else None)
+    if cfg is None or m > one_kernel_rows(cfg, item, k):
+        return None
+    # (the warp-MMA kernel's row-stride argument is 32-bit)
+    return None if cfg.warp_mma and m > 1 and x.strides[0] >= 2 ** 32 else cfg
 
 
 def _fused_weights_and_out(b, out, m: int, cupy, gemm):

@@ -131,7 +131,7 @@ def test_plan_warmup_adds_the_one_kernel_forms():
     names = {j.name for j in jobs}
     assert not errors and gemm._kernel_name(pick, 24576, 3072, 0, 1) in names
     for dtype, item in (("bfloat16", 2), ("float16", 2), ("float32", 4)):
-        twin = _config.quant_a_config(pick, 3072, item)
+        twin = _config.quant_a_config(pick, 3072, item, num_sms=132)
         assert gemm._kernel_name(twin, 24576, 3072, 0, 1, dtype) in names
         assert 4 <= quant.one_kernel_max_m(twin.block_n, item)
     assert len(jobs) == 4 and all(j.header is None for j in jobs)
@@ -140,12 +140,20 @@ def test_plan_warmup_adds_the_one_kernel_forms():
         jobs, errors = cli.plan_warmup([shape], 132)
         pick = _config.select_config("normal", shape.m, shape.n, shape.k, num_sms=132)
         assert not errors and [j.name for j in jobs] == [gemm._kernel_name(pick, shape.n, shape.k, 0, 1)]
-    # a warp-MMA pick (no one-kernel form: gemm_fp8 runs the quantiser and
-    # the GEMM) and the persistent pick a reduced SM budget runs instead
-    jobs, errors = cli.plan_warmup([cli.Shape("normal", 4, 2112, 7168)], 132)
-    picks = [_config.select_config("normal", 4, 2112, 7168, num_sms=132, warp_mma=w) for w in (True, False)]
+    # a warp-MMA pick with its one-kernel forms for 16-bit x at one row
+    # (float32 x: the quantiser and the GEMM), and the persistent pick a
+    # reduced SM budget runs instead (no one-kernel form at BLOCK_N 32)
+    jobs, errors = cli.plan_warmup([cli.Shape("normal", 1, 2112, 7168)], 132)
+    picks = [_config.select_config("normal", 1, 2112, 7168, num_sms=132, warp_mma=w) for w in (True, False)]
     assert picks[0].warp_mma and not picks[1].warp_mma
-    assert not errors and [j.name for j in jobs] == [gemm._kernel_name(p, 2112, 7168, 0, 1) for p in picks]
+    want = [gemm._kernel_name(picks[0], 2112, 7168, 0, 1)]
+    want += [gemm._kernel_name(picks[0], 2112, 7168, 0, 1, dt) for dt in ("bfloat16", "float16")]
+    want += [gemm._kernel_name(picks[1], 2112, 7168, 0, 1)]
+    assert not errors and [j.name for j in jobs] == want
+    assert want[1].endswith(", 3>") and want[2].endswith(", 2>")
+    # at 4 rows the warp-MMA pick's form would give a warp 16 groups: none
+    jobs, errors = cli.plan_warmup([cli.Shape("normal", 4, 2112, 7168)], 132)
+    assert not errors and len(jobs) == 2
 
 
 def test_warmup_bad_file_exits_2(tmp_path, capsys):

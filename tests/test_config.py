@@ -836,6 +836,14 @@ def test_warp_mma_rule_fills_the_sms():
             assert sms <= cfg.num_sms <= cfgmod.warp_mma_ctas_per_sm(threads) * sms, (sms, n, k, cfg)
             assert cfgmod.is_legal(cfg, k=k)[0]
     assert cfgmod.warp_mma_ctas_per_sm(128) == 4 and cfgmod.warp_mma_ctas_per_sm(512) == 1
+    # the one-kernel twins of the five picks: every CTA resident at 128 registers too
+    for n, k in ((2112, 7168), (4096, 7168), (7168, 2048), (32768, 512), (24576, 1536)):
+        cfg = cfgmod.warp_mma_config(1, n, k, 132)
+        twin = cfgmod.quant_a_config(cfg, k, 2, num_sms=132)
+        assert twin is not None and dataclasses.replace(twin, smem_bytes=cfg.smem_bytes) == cfg, (n, k, cfg)
+    assert cfgmod.warp_mma_ctas_per_sm(128, cfgmod.WARP_MMA_QUANT_A_REGISTERS) == 4
+    assert cfgmod.warp_mma_ctas_per_sm(256, cfgmod.WARP_MMA_QUANT_A_REGISTERS) == 2
+    assert cfgmod.warp_mma_ctas_per_sm(128, 64, 100 * 1024) == 2           # shared memory bounds it
 
 
 def test_warp_mma_config_validation():
@@ -862,7 +870,16 @@ def test_warp_mma_config_validation():
         assert not legal and why in got, (why, got)
     legal, got = cfgmod.is_legal(ok, k=1024)           # 8 K blocks < 14 splits
     assert not legal and "fewer 128-wide K blocks" in got
-    assert cfgmod.quant_a_config(ok, k, 2) is None      # no one-kernel form
+    # its one-kernel twin for 16-bit x (the same grid and split, the tokens'
+    # shared memory added) when its CTAs fit at 128 registers (448 threads:
+    # one CTA per SM), never for float32 x; num_sms is required
+    twin = cfgmod.quant_a_config(ok, k, 2, num_sms=132)
+    assert twin == dataclasses.replace(ok, smem_bytes=cfgmod.warp_mma_smem_size(8, 16, 14, k))
+    assert twin.smem_bytes == ok.smem_bytes + 56 * (1024 + 32) and cfgmod.is_legal(twin, k=k) == (True, "ok")
+    assert cfgmod.quant_a_config(ok, k, 2, num_sms=131) is None
+    assert cfgmod.quant_a_config(ok, k, 4, num_sms=132) is None
+    with pytest.raises(ValueError, match="num_sms"):
+        cfgmod.quant_a_config(ok, k, 2)
     # one tile per CTA, all CTAs at once; the table prints no model estimate
     assert tile_counts(ok, 1, 2112) == (132, 132, 1) and tile_counts(ok, 0, 2112) == (0, 0, 0)
     row = next(ln for ln in format_table([("normal", 1, 1, 2112, 7168)]).splitlines() if "warpMMA" in ln)

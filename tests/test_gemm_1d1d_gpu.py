@@ -506,6 +506,7 @@ def test_k_grouped_graph_capture(cp):
             graph = stream.end_capture()
     a[...] = H.random_fp8(cp, rng, a.shape)
     d[...] = np.nan
+    cp.cuda.Device().synchronize()      # the updates ran on the legacy stream
     graph.launch(stream)
     stream.synchronize()
     want = cp.empty_like(d)

@@ -401,7 +401,8 @@ WARP_MMA_FORCED = [(1, 4, 1000, 2064), (1, 16, 1000, 2064), (2, 2, 1000, 2064), 
 
 def _warp_mma_names():
     """The heuristic's warp-MMA picks (M = 1 ... 8, the DeepSeek-V3 pairs)
-    and the GPU tests' forced forms."""
+    and the GPU tests' forced forms, each also quantising bf16 x itself
+    (gemm_fp8's one-kernel form), the picks also fp16 x."""
     cfgs = []
     for m in range(1, 9):
         for n, k in DEEPSEEK_NK:
@@ -414,7 +415,16 @@ def _warp_mma_names():
                                   num_sms=-(-n // (16 * slabs)), warp_mma=True)
         assert _config.is_legal(cfg, k=k)[0], cfg
         cfgs.append((cfg, n, k))
-    return sorted({_gemm._kernel_name(c, n, k, 0, 1) for c, n, k in cfgs})
+    names = {_gemm._kernel_name(c, n, k, 0, 1) for c, n, k in cfgs}
+    names |= {_gemm._kernel_name(c, n, k, 0, 1, "bfloat16") for c, n, k in cfgs}
+    names |= {_gemm._kernel_name(c, n, k, 0, 1, "float16") for c, n, k in cfgs[:5]}
+    return sorted(names)
+
+
+def _warp_mma_x_form(rep, mangled: str) -> bool:
+    """Whether a compiled warp-MMA entry is a form that quantises x (kAIn != 0)."""
+    expr = next(e for e, m in rep.lowered.items() if m == mangled)
+    return expr.count(",") == 7               # (kAIn, the eighth template argument, is named only for x)
 
 
 @pytest.fixture(scope="module")
@@ -426,12 +436,14 @@ def warp_mma_report():
 
 def test_warp_mma_instantiations_compile_clean(warp_mma_report):
     """No spills, no stack frame, no warning, and no more registers than
-    the rule's one-wave count assumes (_config.WARP_MMA_REGISTERS)."""
+    the rule's one-wave count assumes (_config.WARP_MMA_REGISTERS; the
+    forms that quantise x: _config.WARP_MMA_QUANT_A_REGISTERS)."""
     rep = warp_mma_report
     assert len(rep.resources) == len(_warp_mma_names())
-    for r in rep.resources.values():
+    for mangled, r in rep.resources.items():
         assert r.stack_frame == 0 and r.spill_stores == 0 and r.spill_loads == 0, r
-        assert r.registers <= _config.WARP_MMA_REGISTERS, r
+        limit = _config.WARP_MMA_QUANT_A_REGISTERS if _warp_mma_x_form(rep, mangled) else _config.WARP_MMA_REGISTERS
+        assert r.registers <= limit, r
     assert "warning" not in (rep.log or "").lower(), rep.log
 
 
@@ -440,7 +452,9 @@ def test_warp_mma_sass(warp_mma_report, sass_tools):
     bytes), evict-first 16-byte loads of B issued a whole batch at a time in
     both loops (no MMA between the loads of one batch: the ptxas
     interleaving a __syncwarp and a run-time trip count prevent), no local
-    memory, no flush-to-zero arithmetic."""
+    memory, no flush-to-zero arithmetic.  The forms that quantise x: the
+    per-token cast's exact quotient (float64 products) and the shuffles of
+    a group's amax and the tokens' scales."""
     rep = warp_mma_report
     funcs = re.split(r"\n\s*Function : ", rep.sass)[1:]
     assert len(funcs) == len(rep.resources)
@@ -461,28 +475,40 @@ def test_warp_mma_sass(warp_mma_report, sass_tools):
         assert gaps and all(g == 0 or g >= batch for g in gaps), f"{name}: a batch's loads split by MMAs {gaps}"
         assert "LDL" not in body and "STL" not in body, f"{name}: local-memory traffic"
         assert not re.findall(r"\bF(?:ADD|MUL|FMA)\S*\.FTZ\b", body), f"{name}: flush-to-zero arithmetic"
+        if _warp_mma_x_form(rep, name):
+            assert any(o.split()[-1].startswith("DMUL") or " DMUL" in o for o in ops), name
+            assert sum("SHFL" in o for o in ops) >= 4 * _config.WARP_MMA_UNROLL, name
 
 
 def test_warp_mma_reads_only_b_before_its_grid_dependency_wait(warp_mma_report):
     """ptx/griddep.cuh's rule: the activations and every scale are read only
     after a griddepcontrol.wait; before the first one, at most one batch of
-    B (kFlagBBeforeWait's path), through ld.global.cs."""
+    B (kFlagBBeforeWait's path), through ld.global.cs.  The forms that
+    quantise x have one loop, which reads nothing before its wait."""
     entries = warp_mma_report.ptx.split(".entry")[1:]
     assert len(entries) == len(warp_mma_report.resources)
     for entry in entries:
+        mangled = entry.split("(", 1)[0].strip()
+        x_form = _warp_mma_x_form(warp_mma_report, mangled)
         first_wait = entry.find("griddepcontrol.wait")
-        assert first_wait >= 0 and entry.count("griddepcontrol.wait") == 2     # one per loop copy
+        assert first_wait >= 0 and entry.count("griddepcontrol.wait") == (1 if x_form else 2)   # one per loop copy
         before = entry[:first_wait]
         assert "ld.global.nc" not in before and "st.global" not in before
-        assert before.count("ld.global.cs") <= 4 * _config.WARP_MMA_UNROLL
+        assert before.count("ld.global.cs") <= (0 if x_form else 4 * _config.WARP_MMA_UNROLL)
         trigger = entry.find("griddepcontrol.launch_dependents")
         assert trigger > first_wait
 
 
 def test_warp_mma_smem_matches_the_python_formula():
-    """_config.warp_mma_smem_size against WarpMmaSmem::kTotal."""
+    """_config.warp_mma_smem_size against WarpMmaSmem::kTotal (and, with k,
+    the x form's WarpMmaQuantASmem::kTotal)."""
     checks = []
     for splits, slabs, _, _ in WARP_MMA_FORCED:
         want = _config.warp_mma_smem_size(8, 16 * slabs, splits)
         checks.append(f"static_assert(cugemm8::WarpMmaSmem<1, 1, {splits}, {slabs}>::kTotal == {want}u);")
+    for k in (16, 1008, 2064, 7168):
+        want = _config.warp_mma_smem_size(8, 16, 1, k)
+        checks.append(f"static_assert(cugemm8::WarpMmaQuantASmem<{k}>::kTotal == {want}u);")
+    checks.append(f"static_assert(cugemm8::kWarpMmaQuantARegisters == {_config.WARP_MMA_QUANT_A_REGISTERS}u);")
+    checks.append(f"static_assert(cugemm8::kWarpMmaQuantSteps == {_config.WARP_MMA_QUANT_A_STEPS}u);")
     _compile_static_asserts(checks, header="fp8_gemm_warp_mma.cuh")

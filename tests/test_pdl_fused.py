@@ -233,17 +233,19 @@ def test_fused_path_lets_the_warp_mma_pick_read_b_before_its_wait(monkeypatch, m
     test_validation.py::test_warp_mma_launch_arguments)."""
     _stub_gemm_launches(monkeypatch)
     monkeypatch.setattr(_quant, "ONE_KERNEL_MAX_M", {})
+    f32 = np.dtype(np.float32)          # (16-bit x takes the warp-MMA pick's one-kernel form)
     for warp_mma in (True, False):
         monkeypatch.setattr(_gemm, "_select", lambda kind, m_, n_, k_, g, w=warp_mma: _config.select_config(
             kind, m_, n_, k_, num_sms=132, warp_mma=w))
         assert _gemm._select("normal", m, n, k, 1).warp_mma == warp_mma
         _ExRecorder.log = []
         monkeypatch.setattr(_launch, "_ExLaunch", _ExRecorder)
-        x, out = fake((m, k), BF16), fake((m, n), BF16)
+        x, out = fake((m, k), f32), fake((m, n), BF16)
         ws = fake((cugemm8.gemm_fp8_workspace_bytes(m, k),), np.uint8)
         _gemm.clear_launch_cache()
         try:
             cugemm8.gemm_fp8(x, _weights(n, k), out, workspace=ws)
+            assert len(_ExRecorder.log) == 1                 # (the quantiser goes through CuPy's launcher)
             args = _ExRecorder.log[-1][1]
             if warp_mma:
                 assert int(args[2]) == _gemm.FLAG_B_BEFORE_WAIT      # (shape_m, num_k_blocks, flags, ...)
@@ -389,6 +391,107 @@ def test_one_kernel_form_rules(monkeypatch):
     assert one(fake((_config.QUANT_A_MAX_ROWS + 1, k), np.float32), n, k) is None
     assert _config.select_config("normal", 1, 7168, 16384, num_sms=132).num_math_warpgroups == 2
     assert one(fake((1, 16384), BF16), 7168, 16384) is None
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16), np.dtype(np.float32)], ids=str)
+@pytest.mark.parametrize("m,n,k,pow2", [(1, 2112, 7168, False), (1, 4096, 1000, True), (1, 7168, 2048, False),
+                                        (7, 32768, 512, True), (2, 24576, 1536, False)])
+def test_one_kernel_form_of_the_warp_mma_pick(monkeypatch, dtype, m, n, k, pow2):
+    """The warp-MMA pick quantises 16-bit x itself up to one_kernel_rows:
+    one launch of its own kernel named with x's dtype, on x's
+    address and row stride (bytes), no scales (null, pitch 0), x's own K
+    as the last argument, the pow2 flag and never FLAG_B_BEFORE_WAIT (its
+    predecessor may write anything), no tensor map.  float32 x takes the
+    quantiser and the GEMM (two kernels)."""
+    from cugemm8 import _jit
+    rec = _stub_gemm_launches(monkeypatch)
+    monkeypatch.setattr(_gemm, "_select", lambda kind, m_, n_, k_, g: _config.select_config(
+        kind, m_, n_, k_, num_sms=132))
+    names = []
+    monkeypatch.setattr(_jit, "get_kernel",
+                        lambda header, name, **kw: names.append(name) or rec.get_kernel(header, name, **kw))
+    kp = -(-k // 16) * 16
+    cfg = _config.select_config("normal", m, n, kp, num_sms=132)
+    assert cfg.warp_mma
+    x, out = fake((m, k), dtype, strides=(kp * dtype.itemsize + 32, dtype.itemsize)), fake((m, n), BF16)
+    w = _weights(n, kp)
+    _gemm.clear_launch_cache()
+    _ExRecorder.log = []
+    monkeypatch.setattr(_launch, "_ExLaunch", _ExRecorder)
+    try:
+        if dtype.itemsize == 4:
+            assert _quant._one_kernel_config(x, n, kp, _gemm) is None
+            if k != kp:
+                return                  # (the two-kernel form pads x with a CuPy copy first)
+            monkeypatch.setattr(_quant, "_launch_per_token", lambda *a, **kw: (lambda: None))
+            ws = fake((cugemm8.gemm_fp8_workspace_bytes(m, k),), np.uint8)
+            cugemm8.gemm_fp8(x, w, out, pow2_scale=pow2, workspace=ws)
+            assert names == [_gemm._kernel_name(cfg, n, kp, 0, 1)]          # the FP8 kernel, as PDL dependent
+            assert len(_ExRecorder.log) == 1 and int(_ExRecorder.log[0][1][2]) == _gemm.FLAG_B_BEFORE_WAIT
+            return
+        twin = _quant._one_kernel_config(x, n, kp, _gemm)
+        assert twin == _config.quant_a_config(cfg, kp, 2, num_sms=132) and twin.warp_mma
+        assert twin.smem_bytes == _config.warp_mma_smem_size(8, cfg.block_n, cfg.num_k_splits, kp)
+        monkeypatch.setattr(_quant, "_launch_per_token", lambda *a, **kw: pytest.fail("no separate quantiser"))
+        assert cugemm8.gemm_fp8(x, w, out, pow2_scale=pow2) is out
+        assert names == [_gemm._kernel_name(cfg, n, kp, 0, 1, dtype.name)]
+        assert names[0].endswith(f", {_gemm.A_IN_CODES[dtype.name]}>")
+        assert rec.maps == [] and rec.launches == 1 and _ExRecorder.log == []
+        args = [int(v) for v in rec.args]
+        row = x.strides[0] if m > 1 else kp * dtype.itemsize
+        flags = _gemm.FLAG_A_POW2_SCALE if pow2 else 0
+        assert args == [m, -(-kp // 128), flags, x.data.ptr, row, 0, 0, w[0].data.ptr, kp, w[1].data.ptr,
+                        out.data.ptr, n, k]
+        grid, block, smem = rec.launch
+        assert grid == (cfg.num_sms,) and block == (_config.warp_mma_threads(cfg.block_n, cfg.num_k_splits),)
+        assert smem == twin.smem_bytes
+    finally:
+        _gemm.clear_launch_cache()
+
+
+def test_warp_mma_one_kernel_form_rules(monkeypatch):
+    """Where the warp-MMA pick's one-kernel form does not apply: float32 x,
+    a reduced SM budget (the persistent pick), x rows 4 GiB apart (the
+    kernel's 32-bit stride), x not readable in place; and _prepare_launch
+    refuses float32 x and FLAG_B_BEFORE_WAIT for the warp-MMA kernel's x
+    form."""
+    _stub_gemm_launches(monkeypatch)
+    monkeypatch.setattr(_gemm, "_select", lambda kind, m_, n_, k_, g: _config.select_config(
+        kind, m_, n_, k_, num_sms=132))
+    n, k = 2112, 7168
+
+    def one(x):
+        return _quant._one_kernel_config(x, n, k, _gemm)
+    assert one(fake((1, k), BF16)).warp_mma and one(fake((2, k), BF16)) is None
+    assert one(fake((1, k), np.float32)) is None
+    assert one(fake((1, k), BF16, strides=(2 ** 32, 2))).warp_mma                 # one row: its stride is unused
+    assert one(fake((1, k), BF16, offset=8)) is None
+    # the rows: at most WARP_MMA_ONE_KERNEL_MAX_GROUPS (7) groups for the busiest warp
+    want = {(2112, 7168): 1, (4096, 7168): 1, (7168, 2048): 1, (32768, 512): 7, (24576, 1536): 2}
+    for (n_, k_), rows in want.items():
+        twin = _config.quant_a_config(_config.select_config("normal", 1, n_, k_, num_sms=132), k_, 2, num_sms=132)
+        assert _quant.one_kernel_rows(twin, 2, k_) == rows, (n_, k_)
+        for m in range(1, 9):
+            got = _quant._one_kernel_config(fake((m, k_), BF16), n_, k_, _gemm)
+            assert (got is not None) == (m <= rows), (n_, k_, m)
+    per_warp = _config.select_config("normal", 1, 2112, 7168, num_sms=132)       # one slab: its own 4 K blocks
+    assert _config.warp_mma_quant_groups_per_warp(per_warp, 2, 7168) == 8
+    shared = _config.select_config("normal", 1, 24576, 1536, num_sms=132)        # 4 slabs share 12 blocks
+    assert _config.warp_mma_quant_groups_per_warp(shared, 3, 1536) == 9
+    cfg = _config.select_config("normal", 1, n, k, num_sms=132)
+    with pytest.raises(ValueError, match="16-bit activations only"):
+        _gemm._kernel_name(cfg, n, k, 0, 1, "float32")
+    with pytest.raises(ValueError, match="needs smem_bytes"):             # the FP8 config, not its twin
+        _gemm._prepare_launch(cfg, "normal", n, k, 1, 4, 4, fake((4, k), BF16), None, fake((n, k), np.uint8),
+                              None, fake((4, n), BF16), None, 1, 0, x_dtype="bfloat16")
+    cfg = _config.quant_a_config(cfg, k, 2, num_sms=132)
+    with pytest.raises(ValueError, match="takes no kernel flags but"):
+        _gemm._prepare_launch(cfg, "normal", n, k, 1, 4, 4, fake((4, k), BF16), None, fake((n, k), np.uint8),
+                              None, fake((4, n), BF16), None, 1, _gemm.FLAG_B_BEFORE_WAIT, x_dtype="bfloat16")
+    # a reduced SM budget: the persistent pick at BLOCK_N 32 has no one-kernel form
+    monkeypatch.setattr(_gemm, "_select", lambda kind, m_, n_, k_, g: _config.select_config(
+        kind, m_, n_, k_, num_sms=132, warp_mma=False))
+    assert one(fake((4, k), BF16)) is None
 
 
 def test_quant_a_config():

@@ -57,6 +57,10 @@ class Capture:
         return False
 
     def replay(self):
+        # The capture stream is non-blocking: without this, work the caller
+        # queued on the current stream (new inputs, a poisoned output) may
+        # still be running when the graph does.
+        self.cp.cuda.Device().synchronize()
         self.graph.launch(self.stream)
         self.stream.synchronize()
 

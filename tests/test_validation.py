@@ -537,7 +537,7 @@ def test_a_box_covers_only_the_rows_that_exist(recorder, m):
 def test_warp_mma_launch_arguments(recorder, monkeypatch, m, n, k):
     """The warp-MMA pick launches its own kernel with raw addresses and
     strides (no tensor map): rows, K blocks, A and its row stride, SFA and
-    its K-block pitch, B and its row stride, SFB, D and its row stride; one
+    its K-block pitch, B and its row stride, SFB, D and its row stride, K; one
     CTA per block_n rows, 32 * splits * slabs threads, the reduction's
     shared memory."""
     from cugemm8 import _config, gemm
@@ -557,7 +557,7 @@ def test_warp_mma_launch_arguments(recorder, monkeypatch, m, n, k):
     a_row = k + 32 if m > 1 else k
     pitch = -(-m // 4) * 4           # mn_major_sfa's pitch, and _scale_pitch's value for one K block
     assert args == [m, kb, 0, d["a"].data.ptr, a_row, d["sfa"].data.ptr, pitch, d["b"].data.ptr, k,
-                    d["sfb"].data.ptr, d["out"].data.ptr, n + 8 if m > 1 else n]
+                    d["sfb"].data.ptr, d["out"].data.ptr, n + 8 if m > 1 else n, k]      # (K_x: K)
     grid, block, smem = recorder.launch
     assert grid == (cfg.num_sms,) and cfg.num_sms == -(-n // cfg.block_n)
     assert block == (32 * cfg.num_k_splits * cfg.block_n // 16,) and smem == cfg.smem_bytes

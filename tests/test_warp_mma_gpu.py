@@ -13,8 +13,11 @@ both loops (with and without the early load of B);
 tails in N (N % 16 != 0, N = 8, 24, 520: slabs and CTAs past N) and K (K %
 128 != 0, K = 16, fewer K blocks than warps of some splits); a NaN row and a
 zero row; the public ops (gemm_fp8_fp8_bf16_nt picks it, a reduced SM
-budget does not, gemm_fp8 on bf16 gives the bits of the cast followed by
-the GEMM, CUDA-graph capture and replay).
+budget does not, CUDA-graph capture and replay); gemm_fp8's one-kernel
+form, which quantises 16-bit x in the kernel, against the bits of the cast
+followed by the GEMM on every decode shape and M, awkward K (K_x % 16 != 0),
+NaN / Inf / zero / huge / tiny rows, power-of-two scales, capture and
+replay, and float32 x (two kernels).
 """
 from __future__ import annotations
 
@@ -138,21 +141,168 @@ def test_public_op_picks_warp_mma_on_the_whole_device(cp):
         cugemm8.set_num_sms(total)
 
 
-@pytest.mark.parametrize("m", [1, 4, 8])
-def test_gemm_fp8_bits_equal_cast_then_gemm(cp, m):
-    """gemm_fp8 on bf16 activations (two launches: the warp-MMA pick has no
-    one-kernel form) gives the bits of per_token_cast_to_fp8 followed by
-    gemm_fp8_fp8_bf16_nt."""
-    n, k = 2112, 7168
-    assert cugemm8.get_gemm_config("normal", m, n, k).warp_mma
-    rng = np.random.default_rng(m)
-    x = cp.asarray(rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16))
+# ---------------------------------------------------------------- x quantised in the kernel
+
+DT16 = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+
+
+def _x(cp, rng, m, k, dtype, *, stride_pad=0):
+    """Random activations [m, k] of ``dtype`` with per-token magnitudes
+    spread over 2^-8 ... 2^8 (so the 1x128 scales differ), as a view with
+    ``stride_pad`` extra elements per row."""
+    v = rng.standard_normal((m, k)) * np.exp2(rng.integers(-8, 9, size=(m, 1)))
+    full = cp.asarray(np.zeros((m, k + stride_pad)).astype(DT16[dtype]))
+    full[:, :k] = cp.asarray(v.astype(DT16[dtype]))
+    return full[:, :k]
+
+
+def _cast_then_gemm(cp, x, rhs, *, pow2=False):
+    """per_token_cast_to_fp8 followed by gemm_fp8_fp8_bf16_nt, and the
+    quantised pair (for the reference)."""
+    lhs = cugemm8.per_token_cast_to_fp8(x, pow2_scale=pow2)
+    want = cp.empty((x.shape[0], rhs[0].shape[0]), dtype=ml_dtypes.bfloat16)
+    cugemm8.gemm_fp8_fp8_bf16_nt(lhs, rhs, want)
+    return want, lhs
+
+
+def _check_one_kernel(cp, x, rhs, *, pow2=False, what=""):
+    """gemm_fp8(x, rhs) into a poisoned output with guards, in the
+    warp-MMA pick's one-kernel form up to quant.one_kernel_rows (asserted;
+    two kernels beyond): bit for bit the cast followed by the GEMM, and
+    within the float64 reference's bound of the quantised operands."""
+    from cugemm8 import quant
+    m, n, kp = x.shape[0], rhs[0].shape[0], rhs[0].shape[1]
+    pick = cugemm8.get_gemm_config("normal", m, n, kp)
+    twin = _config.quant_a_config(pick, kp, 2, num_sms=cugemm8.get_num_sms())
+    one = twin is not None and m <= quant.one_kernel_rows(twin, 2, kp)
+    cfg = quant._one_kernel_config(x, n, kp, _gemm)
+    assert pick.warp_mma and (cfg == twin if one else cfg is None), f"{what}: {pick} -> {cfg}"
+    out, full = H.poisoned_out(cp, m, n)
+    assert cugemm8.gemm_fp8(x, rhs, out, pow2_scale=pow2) is out
+    assert H.guards_intact(cp, full, m, n), f"{what}: a guard row/column was written"
+    want, (a, sfa) = _cast_then_gemm(cp, x, rhs, pow2=pow2)
+    assert bool(cp.all(out.view(cp.uint16) == want.view(cp.uint16))), f"{what}: bits differ from cast + GEMM"
+    ref, bound = H.reference_and_bound(cp, a, cp.ascontiguousarray(sfa), rhs[0], rhs[1])
+    H.check_against(cp, out, ref, bound, what=what)
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 8])
+@pytest.mark.parametrize("n,k", [(2112, 7168), (4096, 7168), (7168, 2048), (32768, 512), (24576, 1536)])
+def test_gemm_fp8_one_kernel_bits_equal_cast_then_gemm(cp, n, k, m, dtype):
+    """gemm_fp8 on 16-bit activations with the warp-MMA pick (quantising
+    them in the GEMM itself, one launch, up to quant.one_kernel_rows; the
+    quantiser and the GEMM beyond) gives the bits of per_token_cast_to_fp8
+    followed by gemm_fp8_fp8_bf16_nt on every decode shape the pick
+    serves."""
+    rng = np.random.default_rng(m * 101 + n + k)
+    x = _x(cp, rng, m, k, dtype, stride_pad=8 if m % 2 else 0)
+    w = cp.asarray(rng.standard_normal((n, k)).astype(ml_dtypes.bfloat16))
+    _check_one_kernel(cp, x, cugemm8.per_block_cast_to_fp8(w), what=f"{m}x{n}x{k} {dtype}")
+
+
+@pytest.mark.parametrize("k", [16, 1000, 2056, 7000, 7176])
+def test_gemm_fp8_one_kernel_awkward_k(cp, k):
+    """K_x % 128 != 0 (and % 16 != 0: 1000, 7000, read up to K_x and
+    padded with zeros as the cast pads it) under forced warp-MMA configs,
+    one slab (each warp its own K blocks) and several (the CTA's warps
+    share them), at M up to 8 (several rounds of groups a warp): the form
+    that quantises x gives the bits of the cast followed by the same config
+    on FP8 A, and the guards hold."""
+    from cugemm8 import quant
+    n, kp = 520, quant.padded_k(k)
+    kb = -(-kp // 128)
+    rng = np.random.default_rng(k)
+    w = cugemm8.per_block_cast_to_fp8(cp.asarray(rng.standard_normal((n, k)).astype(ml_dtypes.bfloat16)))
+    b_q, sfb = w
+    s4, s2 = min(4, kb), min(2, kb)
+    for m, (splits, slabs) in zip((1, 5, 8), ((1, 4), (s4, 4 // s4), (s2, 8 // s2))):
+        cfg = wm(n, kp, splits, slabs)
+        x = _x(cp, rng, m, k, "bfloat16", stride_pad=8)
+        a, sfa = cugemm8.per_token_cast_to_fp8(x)
+        want = H.launch_forced(cp, cfg, a, cp.ascontiguousarray(sfa), b_q, sfb, m, n, kp)
+        out, full = H.poisoned_out(cp, m, n)
+        twin = _config.quant_a_config(cfg, kp, 2, num_sms=cugemm8.get_num_sms())
+        _gemm._prepare_launch(twin, "normal", n, kp, 1, m, m, x, None, b_q, sfb, out, None, 1,
+                              x_dtype="bfloat16")()
+        assert H.guards_intact(cp, full, m, n), f"{cfg} k={k}: a guard was written"
+        assert bool(cp.all(out.view(cp.uint16) == want.view(cp.uint16))), f"{cfg} k={k}: bits differ"
+
+
+def test_gemm_fp8_one_kernel_special_values(cp):
+    """A NaN row, an Inf row (Inf and finite values), a zero row, huge
+    values (near bf16's maximum) and tiny ones (bf16 subnormals) in one
+    batch (the one-kernel form at 7 x 32768 x 512): bit for bit the cast
+    followed by the GEMM; the NaN and Inf stay in their tokens' rows, the
+    zero row gives zeros, the other rows are finite."""
+    from cugemm8 import quant
+    m, n, k = 7, 32768, 512
+    rng = np.random.default_rng(5)
+    xh = (rng.standard_normal((m, k))).astype(ml_dtypes.bfloat16)
+    xh[1, 300] = np.nan
+    xh[2, 500] = np.inf
+    xh[3] = 0
+    xh[4, :128] = (np.clip(rng.standard_normal(128), -1.1, 1.1) * 3e38).astype(ml_dtypes.bfloat16)
+    xh[5, 128:256] = (rng.standard_normal(128) * 1e-39).astype(ml_dtypes.bfloat16)
+    x = cp.asarray(xh)
+    assert quant._one_kernel_config(x, n, k, _gemm) is not None
     w = cp.asarray(rng.standard_normal((n, k)).astype(ml_dtypes.bfloat16))
     rhs = cugemm8.per_block_cast_to_fp8(w)
+    out, full = H.poisoned_out(cp, m, n)
+    cugemm8.gemm_fp8(x, rhs, out)
+    assert H.guards_intact(cp, full, m, n)
+    want, _ = _cast_then_gemm(cp, x, rhs)
+    assert bool(cp.all(out.view(cp.uint16) == want.view(cp.uint16)))
+    got = H.to_f64(cp, out)
+    assert bool(cp.all(cp.isnan(got[1]))) and bool(cp.all(cp.isnan(got[2])))
+    assert bool(cp.all(got[3] == 0))
+    assert bool(cp.all(cp.isfinite(got[[0, 5, 6]])))      # (row 4's products may pass bf16's range)
+
+
+@pytest.mark.parametrize("m", [1, 7])
+def test_gemm_fp8_one_kernel_pow2_scale(cp, m):
+    """pow2_scale=True: the kernel's power-of-two activation scales are the
+    cast's (bits of the cast with pow2_scale followed by the GEMM)."""
+    n, k = 32768, 512
+    rng = np.random.default_rng(70 + m)
+    x = _x(cp, rng, m, k, "bfloat16")
+    rhs = cugemm8.per_block_cast_to_fp8(cp.asarray(rng.standard_normal((n, k)).astype(ml_dtypes.bfloat16)))
+    _check_one_kernel(cp, x, rhs, pow2=True, what=f"pow2 m={m}")
+
+
+def test_gemm_fp8_float32_x_takes_two_kernels(cp):
+    """float32 activations with the warp-MMA pick: the quantiser and the
+    GEMM (no one-kernel form), still the cast's bits."""
+    from cugemm8 import quant
+    m, n, k = 4, 2112, 7168
+    rng = np.random.default_rng(9)
+    x = cp.asarray(rng.standard_normal((m, k)).astype(np.float32))
+    assert quant._one_kernel_config(x, n, k, _gemm) is None
+    rhs = cugemm8.per_block_cast_to_fp8(cp.asarray(rng.standard_normal((n, k)).astype(ml_dtypes.bfloat16)))
     got = cugemm8.gemm_fp8(x, rhs)
-    want = cp.empty((m, n), dtype=ml_dtypes.bfloat16)
-    cugemm8.gemm_fp8_fp8_bf16_nt(cugemm8.per_token_cast_to_fp8(x), rhs, want)
+    want, _ = _cast_then_gemm(cp, x, rhs)
     assert bool(cp.all(got.view(cp.uint16) == want.view(cp.uint16)))
+
+
+def test_gemm_fp8_one_kernel_capture_and_replay(cp):
+    """The one-kernel form captured in a CUDA graph without a workspace
+    replays to the eager bits on new activations."""
+    from cugemm8 import quant
+    m, n, k = 1, 4096, 7168
+    rng = np.random.default_rng(12)
+    x = _x(cp, rng, m, k, "bfloat16")
+    rhs = cugemm8.per_block_cast_to_fp8(cp.asarray(rng.standard_normal((n, k)).astype(ml_dtypes.bfloat16)))
+    out = cp.empty((m, n), dtype=ml_dtypes.bfloat16)
+    assert quant._one_kernel_config(x, n, k, _gemm) is not None
+    cugemm8.gemm_fp8(x, rhs, out)                       # compile outside the capture
+    with Capture(cp) as c:
+        cugemm8.gemm_fp8(x, rhs, out)
+    x[...] = _x(cp, np.random.default_rng(13), m, k, "bfloat16")
+    out.view(cp.uint16)[...] = 0x7FC1
+    c.replay()
+    want, _ = _cast_then_gemm(cp, x, rhs)
+    assert bool(cp.all(out.view(cp.uint16) == want.view(cp.uint16)))
 
 
 def test_capture_and_replay_warp_mma(cp):

@@ -54,7 +54,7 @@ def plan_warmup(shapes: list[Shape], num_sms: int) -> tuple[list[WarmupJob], lis
     another array or ``d`` not 16-byte aligned (the register epilogue); the
     choices may differ.  A normal shape with few enough rows also needs the
     kernels that quantise bf16 / fp16 / fp32 activations themselves
-    (``gemm_fp8``'s one-kernel form, :func:`cugemm8.quant.one_kernel_max_m`).
+    (``gemm_fp8``'s one-kernel form, :func:`cugemm8.quant.one_kernel_rows`).
     A decode shape whose pick is the warp-MMA kernel also gets the
     persistent pick a reduced SM budget (``set_num_sms``) runs."""
     from .. import _config, _config_1d1d, gemm, gemm_1d1d, quant
@@ -79,8 +79,9 @@ def plan_warmup(shapes: list[Shape], num_sms: int) -> tuple[list[WarmupJob], lis
                                                 warp_mma=warp_mma)
                     todo.append((gemm._kernel_name(cfg, s.n, s.k, gemm._GEMM_TYPE[s.kind], s.num_groups), cfg, None))
                     for dtype, item in (("bfloat16", 2), ("float16", 2), ("float32", 4)):
-                        twin = _config.quant_a_config(cfg, s.k, item) if s.kind == "normal" else None
-                        if twin is not None and 1 <= s.m <= quant.one_kernel_max_m(twin.block_n, item):
+                        twin = (_config.quant_a_config(cfg, s.k, item, num_sms=num_sms)
+                                if s.kind == "normal" else None)
+                        if twin is not None and 1 <= s.m <= quant.one_kernel_rows(twin, item, s.k):
                             todo.append((gemm._kernel_name(twin, s.n, s.k, 0, 1, dtype), twin, f"{dtype} in"))
         except Exception as exc:
             errors.append(f"{s.kind} {s.label()}: {type(exc).__name__}: {exc}")

@@ -328,6 +328,8 @@ fp8_gemm_warp_mma_kernel(uint32_t shape_m, uint32_t num_k_blocks, uint32_t flags
       #pragma unroll
       for (uint32_t h = 0; h < kQuantSteps; ++h) {
         const uint32_t col = xr.kb[h] * 128u + x_piece * kXVec;
+        // (gemm_fp8 passes rows of whole 16-byte pieces, K_x % 8 == 0, so no
+        // load straddles K_x; a forced launch with another K_x stays exact.)
         if (col + kXVec > shape_k_x) quant::zero_past<kXDtype>(xr.raw[h], col, shape_k_x);
         amax[h] = quant::abs_max_bits<kXDtype>(xr.raw[h], 0u);
       }

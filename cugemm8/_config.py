@@ -302,9 +302,10 @@ WARP_MMA_QUANT_A_REGISTERS = 128
 # form up to the rows that give a warp at most WARP_MMA_ONE_KERNEL_MAX_GROUPS
 # groups, fewer than one full round: measured on the H200
 # (benches/bench_e2e.py, benches/RESULTS.md v0.20) against the quantiser +
-# GEMM pair, 1.03-1.08x at up to 7 groups a warp (32768x512 M <= 7,
-# 24576x1536 M <= 2, 4096x7168 M = 1), a tie at 4 (2112x7168 and 7168x2048
-# at M = 1), 0.95-1.05x at a full round of 8 and 0.57-0.94x beyond (the
+# GEMM pair, 1.03-1.08x at up to 7 groups a warp (32768x512 M <= 4,
+# 24576x1536 M <= 2, 4096x7168 M = 1; 32768x512 M = 5-6, 6 groups, not
+# measured), a tie at 4 (2112x7168 and 7168x2048 at M = 1), 0.95-1.05x at
+# a full round of 8 and 0.57-0.94x beyond (the
 # rounds are latency-bound: an x load from HBM and the exact quotient's
 # float64 chain each).
 WARP_MMA_QUANT_A_STEPS = 4
@@ -313,11 +314,16 @@ WARP_MMA_ONE_KERNEL_MAX_GROUPS = 7
 
 def warp_mma_quant_groups_per_warp(config: "GemmConfig", m: int, k: int) -> int:
     """1x128 groups the busiest warp of warp-MMA ``config``'s form that
-    quantises x itself quantises for ``m`` tokens and K = ``k``."""
+    quantises x itself quantises for ``m`` tokens and K = ``k``, as the
+    kernel hands them out: with one slab per CTA a warp takes its own K
+    blocks' groups (the first warps of an uneven split one block more);
+    with several slabs the CTA's W warps take its G = m * K-blocks groups
+    two at a time in turn, so warp 0 gets 2 floor(G / 2W) + min(2, G mod 2W)."""
     kb = _ceil_div(k, BLOCK_K)
     if config.block_n == 16:                      # one slab: each warp its own K blocks
         return m * _ceil_div(kb, config.num_k_splits)
-    return _ceil_div(m * kb, warp_mma_threads(config.block_n, config.num_k_splits) // 32)
+    groups, pair = m * kb, 2 * (warp_mma_threads(config.block_n, config.num_k_splits) // 32)
+    return 2 * (groups // pair) + min(2, groups % pair)
 
 
 def _ceil_div(a: int, b: int) -> int:

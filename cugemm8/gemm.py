@@ -448,10 +448,11 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
 
 def _warp_mma_strides_fit(a, sfa, b, rows: int, kb: int) -> bool:
     """Whether the warp-MMA kernel's 32-bit stride arguments hold A's and
-    B's row strides (bytes) and SFA's K-block pitch (elements)."""
+    B's row strides (bytes) and SFA's K-block pitch (elements); ``sfa`` or
+    ``b`` None: not checked."""
     limit = 2 ** 32
     a_row = a.strides[0] if rows > 1 else 0           # one row: its stride is not passed
-    return (a_row < limit and b.strides[0] < limit
+    return (a_row < limit and (b is None or b.strides[0] < limit)
             and (sfa is None or _scale_pitch(sfa, rows, kb) < limit))
 
 

@@ -660,11 +660,12 @@ def gemm_fp8(a: cupy.ndarray | tuple[cupy.ndarray, cupy.ndarray],
         float16; float32 takes two kernels): each CTA quantises its tokens
         into shared memory before its main loop while its first weights
         are in flight, up to the rows that leave its busiest warp at most
-        7 groups of 128 elements (32768 x 512: m <= 7, 24576 x 1536:
+        7 groups of 128 elements (32768 x 512: m <= 6, 24576 x 1536:
         m <= 2, 4096 x 7168, 7168 x 2048 and 2112 x 7168: m = 1).
         Measured on the H200 (``benches/bench_e2e.py``, benches/RESULTS.md
-        v0.20): 1.12-1.23x the span of the two-launch path and 0.99-1.07x
-        the two-kernel form on those rows.
+        v0.20): 1.11-1.23x the span of the two-launch path and 0.99-1.08x
+        the two-kernel form on those rows.  Rows of ``a`` that are not
+        whole 16-byte pieces (``k % 8`` for 16-bit ``a``) take two kernels.
       - The TMA picks (a reduced SM budget, or larger m): up to 8 rows of
         16-bit ``a`` where the pick is at least 128 columns wide, 4 where
         it is 48-120 wide or the swap-AB kernel's 64-row weight tile, half
@@ -791,7 +792,7 @@ def gemm_fp8(a: cupy.ndarray | tuple[cupy.ndarray, cupy.ndarray],
         _gemm._check_placement(out, arrays, cupy)
     else:
         check_on_current_device(arrays, cupy)
-    one_kernel = _one_kernel_config(a, n, k, _gemm) if fused else None
+    one_kernel = _one_kernel_config(a, n, k, _gemm, b[0]) if fused else None
     if not (a_pair and b_pair) and not (fused and (workspace is not None or one_kernel is not None)):
         refuse_temporary_under_capture(
             "gemm_fp8 quantises its float operands into temporaries",
@@ -937,13 +938,16 @@ def one_kernel_rows(twin, itemsize: int, k: int) -> int:
     return one_kernel_max_m(twin.block_n, itemsize)
 
 
-def _one_kernel_config(x, n: int, k: int, gemm):
+def _one_kernel_config(x, n: int, k: int, gemm, b=None):
     """The configuration of :func:`gemm_fp8`'s one-kernel form for float
     activations ``x [m, k_x]`` (validated; ``k`` = padded_k(k_x)) against
     quantised weights ``[n, k]``, or None when that form does not apply: a
     layout the kernel cannot read in place (the last dimension not
     contiguous, the base or row stride not 16-byte aligned; for the
-    warp-MMA kernel also a row stride of 4 GiB or more), a GEMM pick without
+    warp-MMA kernel, whose 16-byte loads are not bounds-checked as TMA's
+    are, also rows that are not whole 16-byte pieces (``k_x * itemsize %
+    16``), or a row stride of x or of the weights ``b`` (the payload, when
+    given) of 4 GiB or more), a GEMM pick without
     such a form (:func:`cugemm8._config.quant_a_config`: the warp-MMA pick
     has one for 16-bit activations), or more rows than
     :func:`one_kernel_max_m` gives a TMA pick.  Broadcast or reversed rows
@@ -961,8 +965,9 @@ def _one_kernel_config(x, n: int, k: int, gemm):
     cfg = _config.quant_a_config(pick, k, item, num_sms=_device.get_num_sms() if pick.warp_mma else None)
     if cfg is None or m > one_kernel_rows(cfg, item, k):
         return None
-    # (the warp-MMA kernel's row-stride argument is 32-bit)
-    return None if cfg.warp_mma and m > 1 and x.strides[0] >= 2 ** 32 else cfg
+    if cfg.warp_mma and (x.shape[1] * item % 16 or not gemm._warp_mma_strides_fit(x, None, b, m, 1)):
+        return None                     # (reads past a row's end; 32-bit stride arguments)
+    return cfg
 
 
 def _fused_weights_and_out(b, out, m: int, cupy, gemm):

@@ -395,7 +395,7 @@ def test_one_kernel_form_rules(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16), np.dtype(np.float32)], ids=str)
 @pytest.mark.parametrize("m,n,k,pow2", [(1, 2112, 7168, False), (1, 4096, 1000, True), (1, 7168, 2048, False),
-                                        (7, 32768, 512, True), (2, 24576, 1536, False)])
+                                        (6, 32768, 512, True), (2, 24576, 1536, False)])
 def test_one_kernel_form_of_the_warp_mma_pick(monkeypatch, dtype, m, n, k, pow2):
     """The warp-MMA pick quantises 16-bit x itself up to one_kernel_rows:
     one launch of its own kernel named with x's dtype, on x's
@@ -467,7 +467,7 @@ def test_warp_mma_one_kernel_form_rules(monkeypatch):
     assert one(fake((1, k), BF16, strides=(2 ** 32, 2))).warp_mma                 # one row: its stride is unused
     assert one(fake((1, k), BF16, offset=8)) is None
     # the rows: at most WARP_MMA_ONE_KERNEL_MAX_GROUPS (7) groups for the busiest warp
-    want = {(2112, 7168): 1, (4096, 7168): 1, (7168, 2048): 1, (32768, 512): 7, (24576, 1536): 2}
+    want = {(2112, 7168): 1, (4096, 7168): 1, (7168, 2048): 1, (32768, 512): 6, (24576, 1536): 2}
     for (n_, k_), rows in want.items():
         twin = _config.quant_a_config(_config.select_config("normal", 1, n_, k_, num_sms=132), k_, 2, num_sms=132)
         assert _quant.one_kernel_rows(twin, 2, k_) == rows, (n_, k_)
@@ -477,7 +477,16 @@ def test_warp_mma_one_kernel_form_rules(monkeypatch):
     per_warp = _config.select_config("normal", 1, 2112, 7168, num_sms=132)       # one slab: its own 4 K blocks
     assert _config.warp_mma_quant_groups_per_warp(per_warp, 2, 7168) == 8
     shared = _config.select_config("normal", 1, 24576, 1536, num_sms=132)        # 4 slabs share 12 blocks
-    assert _config.warp_mma_quant_groups_per_warp(shared, 3, 1536) == 9
+    # 36 groups handed out two at a time to 4 warps: warp 0 gets 4 pairs and 2 more
+    assert _config.warp_mma_quant_groups_per_warp(shared, 3, 1536) == 10
+    assert [_config.warp_mma_quant_groups_per_warp(shared, m, 512) for m in (1, 2, 5, 7)] == [2, 2, 6, 8]
+    # the kernel's 16-byte loads must not pass a row's end: rows of whole 16-byte pieces only
+    assert _quant._one_kernel_config(fake((1, 1001), BF16), 2112, 1008, _gemm) is None
+    assert _quant._one_kernel_config(fake((1, 1000), BF16), 2112, 1008, _gemm).warp_mma
+    # weights whose rows are 4 GiB apart (legal for the TMA kernels): two kernels, not an error
+    far = fake((n, k), np.uint8, strides=(2 ** 32, 1))
+    assert _quant._one_kernel_config(fake((1, k), BF16), n, k, _gemm, far) is None
+    assert _quant._one_kernel_config(fake((1, k), BF16), n, k, _gemm, fake((n, k), np.uint8)).warp_mma
     cfg = _config.select_config("normal", 1, n, k, num_sms=132)
     with pytest.raises(ValueError, match="16-bit activations only"):
         _gemm._kernel_name(cfg, n, k, 0, 1, "float32")

@@ -233,11 +233,12 @@ def test_gemm_fp8_one_kernel_awkward_k(cp, k):
 def test_gemm_fp8_one_kernel_special_values(cp):
     """A NaN row, an Inf row (Inf and finite values), a zero row, huge
     values (near bf16's maximum) and tiny ones (bf16 subnormals) in one
-    batch (the one-kernel form at 7 x 32768 x 512): bit for bit the cast
-    followed by the GEMM; the NaN and Inf stay in their tokens' rows, the
-    zero row gives zeros, the other rows are finite."""
+    batch (the one-kernel form at 6 x 32768 x 512, the CTA's warps sharing
+    the groups): bit for bit the cast followed by the GEMM; the NaN and Inf
+    stay in their tokens' rows, the zero row gives zeros, the other rows
+    are finite."""
     from cugemm8 import quant
-    m, n, k = 7, 32768, 512
+    m, n, k = 6, 32768, 512
     rng = np.random.default_rng(5)
     xh = (rng.standard_normal((m, k))).astype(ml_dtypes.bfloat16)
     xh[1, 300] = np.nan
@@ -257,10 +258,54 @@ def test_gemm_fp8_one_kernel_special_values(cp):
     got = H.to_f64(cp, out)
     assert bool(cp.all(cp.isnan(got[1]))) and bool(cp.all(cp.isnan(got[2])))
     assert bool(cp.all(got[3] == 0))
-    assert bool(cp.all(cp.isfinite(got[[0, 5, 6]])))      # (row 4's products may pass bf16's range)
+    assert bool(cp.all(cp.isfinite(got[[0, 5]])))      # (row 4's products may pass bf16's range)
 
 
-@pytest.mark.parametrize("m", [1, 7])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_one_kernel_special_values_each_warp_its_own_blocks(cp, dtype):
+    """The one-slab form (each warp quantises its own K blocks, then waits
+    for its own lanes only) forced at 6 tokens with a NaN row, an Inf row,
+    a zero row and a row near the dtype's maximum, bf16 and fp16 x: the
+    bits of the cast followed by the same config on FP8 A, guards intact."""
+    n, k, m = 520, 2048, 6
+    rng = np.random.default_rng(31)
+    big = {"bfloat16": 3e38, "float16": 6e4}[dtype]
+    xh = rng.standard_normal((m, k)).astype(DT16[dtype])
+    xh[1, 300] = np.nan
+    xh[2, 1500] = np.inf
+    xh[3] = 0
+    xh[4, 640:768] = (np.clip(rng.standard_normal(128), -1.05, 1.05) * big).astype(DT16[dtype])
+    x = cp.asarray(xh)
+    b_q, sfb = cugemm8.per_block_cast_to_fp8(cp.asarray(rng.standard_normal((n, k)).astype(ml_dtypes.bfloat16)))
+    cfg = wm(n, k, 4, 1)
+    a, sfa = cugemm8.per_token_cast_to_fp8(x)
+    want = H.launch_forced(cp, cfg, a, cp.ascontiguousarray(sfa), b_q, sfb, m, n, k)
+    twin = _config.quant_a_config(cfg, k, 2, num_sms=cugemm8.get_num_sms())
+    out, full = H.poisoned_out(cp, m, n)
+    _gemm._prepare_launch(twin, "normal", n, k, 1, m, m, x, None, b_q, sfb, out, None, 1, x_dtype=dtype)()
+    assert H.guards_intact(cp, full, m, n)
+    assert bool(cp.all(out.view(cp.uint16) == want.view(cp.uint16)))
+    got = H.to_f64(cp, out)
+    assert bool(cp.all(cp.isnan(got[1]))) and bool(cp.all(cp.isnan(got[2]))) and bool(cp.all(got[3] == 0))
+
+
+def test_gemm_fp8_rows_of_partial_16_byte_pieces_take_two_kernels(cp):
+    """x [1, 1001] bf16 (2002-byte rows): the warp-MMA kernel's 16-byte
+    loads would pass the row's end, so gemm_fp8 takes the quantiser and the
+    GEMM; the bits are still the cast's followed by the GEMM."""
+    from cugemm8 import quant
+    m, n, k = 1, 2112, 1001
+    rng = np.random.default_rng(1001)
+    x = cp.asarray(rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16))
+    rhs = cugemm8.per_block_cast_to_fp8(cp.asarray(rng.standard_normal((n, k)).astype(ml_dtypes.bfloat16)))
+    assert cugemm8.get_gemm_config("normal", m, n, quant.padded_k(k)).warp_mma
+    assert quant._one_kernel_config(x, n, quant.padded_k(k), _gemm) is None
+    got = cugemm8.gemm_fp8(x, rhs)
+    want, _ = _cast_then_gemm(cp, x, rhs)
+    assert bool(cp.all(got.view(cp.uint16) == want.view(cp.uint16)))
+
+
+@pytest.mark.parametrize("m", [1, 6])
 def test_gemm_fp8_one_kernel_pow2_scale(cp, m):
     """pow2_scale=True: the kernel's power-of-two activation scales are the
     cast's (bits of the cast with pow2_scale followed by the GEMM)."""

@@ -200,11 +200,11 @@ fp8_gemm_warp_mma_kernel(uint32_t shape_m, uint32_t num_k_blocks, uint32_t flags
     tok_ok[tt] = m < shape_m;
     a_row[tt] = a + static_cast<uint64_t>(tok_ok[tt] ? m : 0u) * ld_a + t * 16u;
   }
-  // Float A: the CTA's quantised tokens (WarpMmaQuantASmem): lane (g, t)'s
-  // 16 bytes of half j of K block kb at xq_lane + (kb * 2 + j) * 512, the
-  // scale of token m of K block kb at xs[kb * 8 + m].
-  const uint8_t* xq = smem + Smem::kTotal;
-  const float* xs = reinterpret_cast<const float*>(xq + WarpMmaQuantASmem<SHAPE_K>::kPayload);
+  // Float A: the CTA's quantised tokens (WarpMmaQuantASmem, written by
+  // x_quantize): lane (g, t)'s 16 bytes of half j of K block kb at xq_lane +
+  // (kb * 2 + j) * 512, the scale of token m of K block kb at xs[kb * 8 + m].
+  uint8_t* xq = smem + Smem::kTotal;
+  float* xs = reinterpret_cast<float*>(xq + WarpMmaQuantASmem<SHAPE_K>::kPayload);
   const uint8_t* xq_lane = xq + lane * 16u;
   // The scales' columns of this lane's accumulators: tokens 8tt + 2t, + 1.
   bool sfa_ok[kTokenTiles][2];
@@ -321,8 +321,6 @@ fp8_gemm_warp_mma_kernel(uint32_t shape_m, uint32_t num_k_blocks, uint32_t flags
   auto x_quantize = [&](XRound& xr) {
     if constexpr (kQuantA) {      // (the FP8 form has no such phase)
       static_assert(128u / kXVec == 16u, "16 lanes of 8 elements per 128-element group");
-      uint8_t* xq_w = smem + Smem::kTotal;
-      float* xs_w = reinterpret_cast<float*>(xq_w + WarpMmaQuantASmem<SHAPE_K>::kPayload);
       const bool pow2 = (flags & kFlagAPow2Scale) != 0;
       uint32_t amax[kQuantSteps];
       #pragma unroll
@@ -362,8 +360,8 @@ fp8_gemm_warp_mma_kernel(uint32_t shape_m, uint32_t num_k_blocks, uint32_t flags
         // Element 8 piece of the group: half j = piece / 8, lane t = piece % 8 / 2, byte 8 (piece % 2).
         const uint32_t off =
             ((xr.kb[h] * 2u + x_piece / 8u) * 32u + xr.m[h] * 4u + x_piece % 8u / 2u) * 16u + x_piece % 2u * 8u;
-        *reinterpret_cast<uint2*>(xq_w + off) = make_uint2(q[h][0], q[h][1]);
-        if (x_piece == 0) xs_w[xr.kb[h] * 8u + xr.m[h]] = scale[h];
+        *reinterpret_cast<uint2*>(xq + off) = make_uint2(q[h][0], q[h][1]);
+        if (x_piece == 0) xs[xr.kb[h] * 8u + xr.m[h]] = scale[h];
       }
     }
   };

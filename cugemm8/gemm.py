@@ -373,9 +373,10 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
     :func:`cugemm8._config.quant_a_config`), and ``sfa`` is None.
     """
     kb = -(-k // 128)
-    if cfg.warp_mma and not _warp_mma_strides_fit(a, sfa, b, rows, kb):
+    if cfg.warp_mma and not _warp_mma_operands_fit(a, sfa, b, rows, kb, x_dtype):
         if x_dtype is not None:       # (gemm_fp8 takes two kernels there: quant._one_kernel_config)
-            raise ValueError(f"config {cfg} (warp_mma) quantising {x_dtype} activations takes strides below 4 GiB")
+            raise ValueError(f"config {cfg} (warp_mma) quantising {x_dtype} activations takes strides below "
+                             f"4 GiB and rows of whole 16-byte pieces, not [m, k_x] = {list(a.shape)}")
         # Rows 4 GiB apart or more (legal for TMA, whose strides reach 2^40):
         # the persistent pick, whose tensor maps take them.
         cfg = _config.select_config(kind, rows, n, k, num_groups=num_groups, num_sms=_device.get_num_sms(),
@@ -446,14 +447,17 @@ def _prepare_launch(cfg, kind: str, n: int, k: int, num_groups: int, shape_m: in
     return Launcher(kern, (cfg.num_sms,), (threads,), args, cfg.smem_bytes)
 
 
-def _warp_mma_strides_fit(a, sfa, b, rows: int, kb: int) -> bool:
-    """Whether the warp-MMA kernel's 32-bit stride arguments hold A's and
-    B's row strides (bytes) and SFA's K-block pitch (elements); ``sfa`` or
-    ``b`` None: not checked."""
+def _warp_mma_operands_fit(a, sfa, b, rows: int, kb: int, x_dtype: str | None = None) -> bool:
+    """Whether the warp-MMA kernel can take these operands: its 32-bit
+    stride arguments hold A's and B's row strides (bytes) and SFA's K-block
+    pitch (elements) (``sfa`` or ``b`` None: not checked), and, with float
+    activations ``a`` (``x_dtype``), their rows are whole 16-byte pieces
+    (its 16-byte loads are not bounds-checked as TMA's are)."""
     limit = 2 ** 32
     a_row = a.strides[0] if rows > 1 else 0           # one row: its stride is not passed
     return (a_row < limit and (b is None or b.strides[0] < limit)
-            and (sfa is None or _scale_pitch(sfa, rows, kb) < limit))
+            and (sfa is None or _scale_pitch(sfa, rows, kb) < limit)
+            and (x_dtype is None or a.shape[1] * a.itemsize % 16 == 0))
 
 
 def _prepare_warp_mma(cfg, kind, n, k, num_groups, shape_m, rows, a, sfa, b, sfb, out, x_dtype, flags=0):
@@ -466,10 +470,10 @@ def _prepare_warp_mma(cfg, kind, n, k, num_groups, shape_m, rows, a, sfa, b, sfb
     (16-byte aligned base and rows, ``k_x`` padding to ``k``) that the
     kernel quantises itself, ``sfa`` is None, and ``flags`` may hold
     :data:`FLAG_A_POW2_SCALE`."""
+    form = f"warp_mma, {x_dtype} in" if x_dtype is not None else "warp_mma"
     allowed = FLAG_A_POW2_SCALE if x_dtype is not None else FLAG_B_BEFORE_WAIT
     if flags & ~allowed:
-        raise ValueError(f"config {cfg} (warp_mma{', ' + x_dtype + ' in' if x_dtype else ''}) takes no kernel "
-                         f"flags but {allowed}, got {flags}")
+        raise ValueError(f"config {cfg} ({form}) takes no kernel flags but {allowed}, got {flags}")
     if kind != "normal" or num_groups != 1:
         raise ValueError(f"config {cfg} (warp_mma) runs the normal GEMM only, not kind {kind!r}")
     if a.ndim != 2:
@@ -482,9 +486,8 @@ def _prepare_warp_mma(cfg, kind, n, k, num_groups, shape_m, rows, a, sfa, b, sfb
         raise ValueError(f"config {cfg} (warp_mma) takes 1 ... {cfg.block_m} rows, not m = {shape_m}")
     need = _config.warp_mma_smem_size(cfg.block_m, cfg.block_n, cfg.num_k_splits, k if x_dtype else None)
     if cfg.smem_bytes != need:
-        raise ValueError(f"config {cfg} (warp_mma{', ' + x_dtype + ' in' if x_dtype else ''}) needs "
-                         f"smem_bytes {need} (cugemm8._config.quant_a_config gives the form that quantises x), "
-                         f"not {cfg.smem_bytes}")
+        raise ValueError(f"config {cfg} ({form}) needs smem_bytes {need} (cugemm8._config.quant_a_config "
+                         f"gives the form that quantises x), not {cfg.smem_bytes}")
     kb = -(-k // 128)
     name = _kernel_name(cfg, n, k, 0, 1, x_dtype)        # (refuses float32 x: no such form)
     kern = _jit.get_kernel(_header_of(name), name, max_dynamic_smem=cfg.smem_bytes)

@@ -965,8 +965,8 @@ def _one_kernel_config(x, n: int, k: int, gemm, b=None):
     cfg = _config.quant_a_config(pick, k, item, num_sms=_device.get_num_sms() if pick.warp_mma else None)
     if cfg is None or m > one_kernel_rows(cfg, item, k):
         return None
-    if cfg.warp_mma and (x.shape[1] * item % 16 or not gemm._warp_mma_strides_fit(x, None, b, m, 1)):
-        return None                     # (reads past a row's end; 32-bit stride arguments)
+    if cfg.warp_mma and not gemm._warp_mma_operands_fit(x, None, b, m, 1, x.dtype.name):
+        return None                     # (32-bit stride arguments; reads past a row's end)
     return cfg
 
 

@@ -494,6 +494,11 @@ def test_warp_mma_one_kernel_form_rules(monkeypatch):
         _gemm._prepare_launch(cfg, "normal", n, k, 1, 4, 4, fake((4, k), BF16), None, fake((n, k), np.uint8),
                               None, fake((4, n), BF16), None, 1, 0, x_dtype="bfloat16")
     cfg = _config.quant_a_config(cfg, k, 2, num_sms=132)
+    with pytest.raises(ValueError, match="whole 16-byte pieces"):           # a forced launch on a [1, 1001] x
+        kp = 1008
+        _gemm._prepare_launch(_config.quant_a_config(_config.select_config("normal", 1, n, kp, num_sms=132), kp, 2,
+                                                     num_sms=132), "normal", n, kp, 1, 1, 1, fake((1, 1001), BF16),
+                              None, fake((n, kp), np.uint8), None, fake((1, n), BF16), None, 1, 0, x_dtype="bfloat16")
     with pytest.raises(ValueError, match="takes no kernel flags but"):
         _gemm._prepare_launch(cfg, "normal", n, k, 1, 4, 4, fake((4, k), BF16), None, fake((n, k), np.uint8),
                               None, fake((4, n), BF16), None, 1, _gemm.FLAG_B_BEFORE_WAIT, x_dtype="bfloat16")

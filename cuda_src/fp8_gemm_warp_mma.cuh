@@ -58,8 +58,10 @@
 // own K blocks, with several slabs (whose warps read the same K blocks) the
 // CTA's warps share all of them; 16 lanes to a group and 8 elements to a
 // lane, with the per-token cast's own
-// device functions (quant.cuh: amax, scale, exact quotient, the integer-only
-// bytes of a group holding a NaN or an Inf), so the payload bytes and scales
+// device functions (quant.cuh: amax, scale, the exact quotient in its float32
+// form -- three FMA-pipe operations an element instead of a float64 product
+// and an F2F, the same bytes on every input, checked exhaustively -- and the
+// integer-only bytes of a group holding a NaN or an Inf), so the payload bytes and scales
 // are bit for bit those per_token_cast_to_fp8 writes and the output is that
 // of the cast followed by this kernel on FP8 A.  The payload is stored in
 // the MMA's fragment order (K block, half j, token g, lane t: 16 bytes), so
@@ -296,9 +298,11 @@ fp8_gemm_warp_mma_kernel(uint32_t shape_m, uint32_t num_k_blocks, uint32_t flags
   // and scales.
   constexpr uint32_t kQuantSteps = kWarpMmaQuantSteps;
   constexpr uint32_t kXVec = XTraits::kVec;                  // 8 elements per 16-byte load
+  // A round: each step's 16 bytes of x and its group's place, kb * 8 + m
+  // (kNoGroup: no group, the step past this warp's last).
+  constexpr uint32_t kNoGroup = 0xffffffffu;
   struct XRound {
-    uint32_t raw[kQuantSteps][4], m[kQuantSteps], kb[kQuantSteps];
-    bool ok[kQuantSteps];
+    uint32_t raw[kQuantSteps][4], pos[kQuantSteps];
   };
   constexpr bool kQuantPerWarp = kSlabs == 1;
   const uint32_t x_sub = lane / 16u, x_piece = lane % 16u;
@@ -309,26 +313,29 @@ fp8_gemm_warp_mma_kernel(uint32_t shape_m, uint32_t num_k_blocks, uint32_t flags
     #pragma unroll
     for (uint32_t h = 0; h < kQuantSteps; ++h) {
       const uint32_t gid = g0 + h * x_stride + x_sub;
-      xr.ok[h] = gid < x_groups;
-      xr.m[h] = xr.ok[h] ? gid % shape_m : 0u;
-      xr.kb[h] = xr.ok[h] ? x_kb0 + gid / shape_m : 0u;
-      const uint32_t col = xr.kb[h] * 128u + x_piece * kXVec;
-      const U32x4 v = ld_16<false>(a + static_cast<uint64_t>(xr.m[h]) * ld_a + static_cast<uint64_t>(col) * 2u,
-                                   xr.ok[h] && col < shape_k_x);
+      const bool ok = gid < x_groups;
+      const uint32_t m = ok ? gid % shape_m : 0u, kb = ok ? x_kb0 + gid / shape_m : 0u;
+      xr.pos[h] = ok ? kb * 8u + m : kNoGroup;
+      const uint32_t col = kb * 128u + x_piece * kXVec;
+      const U32x4 v = ld_16<false>(a + static_cast<uint64_t>(m) * ld_a + static_cast<uint64_t>(col) * 2u,
+                                   ok && col < shape_k_x);
       xr.raw[h][0] = v.x, xr.raw[h][1] = v.y, xr.raw[h][2] = v.z, xr.raw[h][3] = v.w;
     }
   };
-  auto x_quantize = [&](XRound& xr) {
+  // Steps are quantised and stored one at a time (a step's registers are
+  // free after it); steps past the warp's last group are skipped
+  // (warp-uniform: g0 + h * x_stride is the same for both halves).
+  auto x_quantize = [&](XRound& xr, uint32_t g0) {
     if constexpr (kQuantA) {      // (the FP8 form has no such phase)
       static_assert(128u / kXVec == 16u, "16 lanes of 8 elements per 128-element group");
       const bool pow2 = (flags & kFlagAPow2Scale) != 0;
       uint32_t amax[kQuantSteps];
       #pragma unroll
       for (uint32_t h = 0; h < kQuantSteps; ++h) {
-        const uint32_t col = xr.kb[h] * 128u + x_piece * kXVec;
+        const uint32_t col = (xr.pos[h] / 8u) * 128u + x_piece * kXVec;
         // (gemm_fp8 passes rows of whole 16-byte pieces, K_x % 8 == 0, so no
         // load straddles K_x; a forced launch with another K_x stays exact.)
-        if (col + kXVec > shape_k_x) quant::zero_past<kXDtype>(xr.raw[h], col, shape_k_x);
+        if (xr.pos[h] != kNoGroup && col + kXVec > shape_k_x) quant::zero_past<kXDtype>(xr.raw[h], col, shape_k_x);
         amax[h] = quant::abs_max_bits<kXDtype>(xr.raw[h], 0u);
       }
       #pragma unroll
@@ -336,32 +343,28 @@ fp8_gemm_warp_mma_kernel(uint32_t shape_m, uint32_t num_k_blocks, uint32_t flags
         #pragma unroll
         for (uint32_t h = 0; h < kQuantSteps; ++h) amax[h] = max(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], off));
       }
-      uint32_t q[kQuantSteps][kXVec / 4];
-      float scale[kQuantSteps];
-      bool any_nonfinite = false;
       #pragma unroll
       for (uint32_t h = 0; h < kQuantSteps; ++h) {
-        scale[h] = quant::activation_scale<kXDtype>(amax[h], pow2);
-        const bool finite = __float_as_uint(scale[h]) < 0x7f800000u;
-        any_nonfinite |= !finite;
+        if (g0 + h * x_stride >= x_groups) break;
+        const float scale = quant::activation_scale<kXDtype>(amax[h], pow2);
+        const bool finite = __float_as_uint(scale) < 0x7f800000u;
         // A non-finite scale's reciprocal would be garbage: 1 stands in,
-        // and the group's bytes are replaced below.
-        quant::quantize<kXDtype>(xr.raw[h], quant::scaled_reciprocal(finite ? scale[h] : 1.0f), q[h]);
-      }
-      if (__any_sync(0xffffffffu, any_nonfinite)) {
-        #pragma unroll
-        for (uint32_t h = 0; h < kQuantSteps; ++h) {
-          if (__float_as_uint(scale[h]) >= 0x7f800000u) quant::quantize_nonfinite<kXDtype>(xr.raw[h], scale[h], q[h]);
+        // and the group's bytes are replaced below.  The float32 quotient
+        // (quant.cuh: the float64 one's bytes, checked on every input).
+        const float s = finite ? scale : 1.0f;
+        uint32_t q[kXVec / 4];
+        quant::quantize_f32<kXDtype>(xr.raw[h], s, quant::reciprocal_rn_f32(s), q);
+        if (__any_sync(0xffffffffu, !finite)) {
+          if (!finite) quant::quantize_nonfinite<kXDtype>(xr.raw[h], scale, q);
         }
-      }
-      #pragma unroll
-      for (uint32_t h = 0; h < kQuantSteps; ++h) {
-        if (!xr.ok[h]) continue;
-        // Element 8 piece of the group: half j = piece / 8, lane t = piece % 8 / 2, byte 8 (piece % 2).
-        const uint32_t off =
-            ((xr.kb[h] * 2u + x_piece / 8u) * 32u + xr.m[h] * 4u + x_piece % 8u / 2u) * 16u + x_piece % 2u * 8u;
-        *reinterpret_cast<uint2*>(xq + off) = make_uint2(q[h][0], q[h][1]);
-        if (x_piece == 0) xs[xr.kb[h] * 8u + xr.m[h]] = scale[h];
+        const uint32_t pos = xr.pos[h];
+        if (pos == kNoGroup) continue;
+        // Element 8 piece of group (kb, m) = (pos / 8, pos % 8): half j =
+        // piece / 8, lane t = piece % 8 / 2, byte 8 (piece % 2).
+        const uint32_t off = ((pos / 8u * 2u + x_piece / 8u) * 32u + pos % 8u * 4u + x_piece % 8u / 2u) * 16u +
+                             x_piece % 2u * 8u;
+        *reinterpret_cast<uint2*>(xq + off) = make_uint2(q[0], q[1]);
+        if (x_piece == 0) xs[pos] = scale;
       }
     }
   };
@@ -427,7 +430,7 @@ fp8_gemm_warp_mma_kernel(uint32_t shape_m, uint32_t num_k_blocks, uint32_t flags
     load_b(bt, kb_begin);
     #pragma unroll 1
     while (true) {
-      x_quantize(xr);
+      x_quantize(xr, g0);
       g0 += x_stride * kQuantSteps;
       if (g0 >= x_groups) break;
       x_load(xr, g0);

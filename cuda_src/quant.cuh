@@ -39,6 +39,7 @@
 //     (finite / Inf).  Other groups are unaffected.
 #pragma once
 #include "common.cuh"
+#include "ptx/fp32.cuh"
 #include "ptx/griddep.cuh"
 
 namespace cugemm8 {
@@ -208,6 +209,60 @@ __device__ __forceinline__ double scaled_reciprocal(float s) {
 }
 
 // ---------------------------------------------------------------------------
+// Exact division in float32 arithmetic (16-bit inputs)
+// ---------------------------------------------------------------------------
+//
+// NOTES: the float64 quotient above costs one F2F per element (16 / clk / SM,
+// a quarter of a warp instruction per cycle per SM sub-partition); where the
+// quotients sit on a kernel's critical path (gemm_fp8's one-kernel form in
+// fp8_gemm_warp_mma.cuh) three float32 FMA-pipe operations per element do it
+// instead, Markstein's correction of a quotient by its exact remainder
+// (P. Markstein, "Computation of elementary functions on the IBM RISC
+// System/6000 processor", IBM J. Res. Dev. 34(1), 1990; J.-M. Muller et al.,
+// Handbook of Floating-Point Arithmetic, 2nd ed., 2018, section 4.9):
+//   y  = RN_f32(1 / s)                     once per group (reciprocal_rn_f32)
+//   q0 = RN_f32(x y)
+//   r  = RN_f32(x - s q0)                  (one FMA: the remainder, exact here)
+//   q  = RN_f32(q0 + r y)                  (one FMA)
+// and the sign of x copied onto q (for x = -0, q0 + r y is (-0) + (+0) = +0,
+// where x / s is -0).  Where the remainder underflows (bfloat16 x of
+// float32's subnormal range over a small scale, quotients far below 2^-10;
+// outside the theorem) q may differ from RN_f32(x / s) in the last place:
+// e4m3 rounds both to the same signed zero (its smallest subnormal is 2^-9,
+// and 2^-10 ties to zero).  Whether q == RN_f32(x / s) at and above 2^-10 is
+// not left to the theorem's other condition (q0 within one ulp of x / s):
+// the inputs here are
+// a finite 16-bit x with |x| <= amax and a scale the cast makes from an
+// amax of the same dtype, about 2^31 pairs per dtype and scale recipe, and a
+// GPU test compares every one of them with the float64 path: the quotient's
+// bits at and above 2^-10, the e4m3 byte everywhere (cuda_src/quant_check.cuh, tests/test_quant_gpu.py::
+// test_float32_quotient_is_exact_on_every_16_bit_input).  float32 x keeps the
+// float64 path (its inputs cannot be enumerated).
+
+// RN_f32(1 / s) for a finite scale s in [2^-126, 2^120]: two float64 Newton
+// steps from the MUFU estimate (relative error ~2^-23 -> ~2^-46 -> within
+// 2^-52 of 1 / s), then one rounding to float32, which is correct because
+// 1 / s lies at a relative distance > 2^-49 from every float32 midpoint (the
+// argument of "Exact division" above with x = 1).
+__device__ __forceinline__ float reciprocal_rn_f32(float s) {
+  const double sd = embed_normal_rebiased<0>(__float_as_uint(s));                // s, exact
+  double y = embed_normal_rebiased<0>(__float_as_uint(rcp_approx_ftz_f32(s)));  // ~1 / s
+#pragma unroll
+  for (int it = 0; it < 2; ++it) y = fma_rn_f64(y, fma_rn_f64(-sd, y, 1.0), y);
+  return cvt_rn_f32_f64(y);
+}
+
+// RN_f32(x / s) for x = the float32 with bits `x_bits`, y = reciprocal_rn_f32(s)
+// (the domain above).
+__device__ __forceinline__ float quotient_f32(uint32_t x_bits, float s, float y) {
+  const float x = __uint_as_float(x_bits);
+  const float q0 = mul_rn(x, y);
+  // -s by its sign bit: a C++ negation compiles to an FADD.FTZ under -ftz=true.
+  const float r = fma_rn(__uint_as_float(__float_as_uint(s) ^ 0x80000000u), q0, x);
+  return __uint_as_float(__float_as_uint(fma_rn(r, y, q0)) | (x_bits & 0x80000000u));
+}
+
+// ---------------------------------------------------------------------------
 // Element helpers
 // ---------------------------------------------------------------------------
 //
@@ -313,6 +368,21 @@ __device__ __forceinline__ void quantize(const uint32_t (&raw)[4], double recip,
 #pragma unroll
   for (int j = 0; j < kVec; ++j)
     q[j] = cvt_rn_f32_f64(mul_rn_f64(embed_f32_scaled(element_f32_bits<kIn>(raw, j)), recip));
+#pragma unroll
+  for (int w = 0; w < kVec / 4; ++w)
+    out[w] = cvt_e4m3x2(q[4 * w], q[4 * w + 1]) | (cvt_e4m3x2(q[4 * w + 2], q[4 * w + 3]) << 16);
+}
+
+// quantize for 16-bit kIn with the float32 quotient: the same bytes for
+// every input with a finite scale s (y = reciprocal_rn_f32(s)).
+template <InDtype kIn>
+__device__ __forceinline__ void quantize_f32(const uint32_t (&raw)[4], float s, float y,
+                                             uint32_t (&out)[InTraits<kIn>::kVec / 4]) {
+  static_assert(kIn != InDtype::kFloat32, "16-bit inputs only (float32 keeps the float64 quotient)");
+  constexpr int kVec = InTraits<kIn>::kVec;
+  float q[kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) q[j] = quotient_f32(element_f32_bits<kIn>(raw, j), s, y);
 #pragma unroll
   for (int w = 0; w < kVec / 4; ++w)
     out[w] = cvt_e4m3x2(q[4 * w], q[4 * w + 1]) | (cvt_e4m3x2(q[4 * w + 2], q[4 * w + 3]) << 16);

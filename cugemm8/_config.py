@@ -301,13 +301,15 @@ WARP_MMA_QUANT_A_REGISTERS = 128
 # round (fp8_gemm_warp_mma.cuh kWarpMmaQuantSteps).  gemm_fp8 takes this
 # form up to the rows that give a warp at most WARP_MMA_ONE_KERNEL_MAX_GROUPS
 # groups, fewer than one full round: measured on the H200
-# (benches/bench_e2e.py, benches/RESULTS.md v0.20) against the quantiser +
-# GEMM pair, 1.03-1.08x at up to 7 groups a warp (32768x512 M <= 4,
-# 24576x1536 M <= 2, 4096x7168 M = 1; 32768x512 M = 5-6, 6 groups, not
-# measured), a tie at 4 (2112x7168 and 7168x2048 at M = 1), 0.95-1.05x at
-# a full round of 8 and 0.57-0.94x beyond (the
-# rounds are latency-bound: an x load from HBM and the exact quotient's
-# float64 chain each).
+# (benches/bench_e2e.py --one-kernel-rows 8, benches/RESULTS.md v0.20 and
+# v0.21) against the quantiser + GEMM pair, with the float32 quotient
+# (v0.21): 1.02-1.10x at up to 7 groups a warp (32768x512 M <= 6,
+# 24576x1536 M <= 2, the three K = 7168 / 2048 pairs at M = 1), 0.94-1.02x
+# at a full round of 8 (2112x7168 and 7168x2048 at M = 2, 32768x512 at
+# M = 8) and 0.55-0.97x beyond.  Every CTA quantises all the tokens it
+# reads (the whole of x for a one-slab grid), so the form's cost grows with
+# M x K per CTA, not per grid; 8 steps a round (one round up to 16 groups)
+# and x prefetched into L2 for later rounds were measured and lost.
 WARP_MMA_QUANT_A_STEPS = 4
 WARP_MMA_ONE_KERNEL_MAX_GROUPS = 7
 

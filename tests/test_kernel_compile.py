@@ -453,8 +453,9 @@ def test_warp_mma_sass(warp_mma_report, sass_tools):
     both loops (no MMA between the loads of one batch: the ptxas
     interleaving a __syncwarp and a run-time trip count prevent), no local
     memory, no flush-to-zero arithmetic.  The forms that quantise x: the
-    per-token cast's exact quotient (float64 products) and the shuffles of
-    a group's amax and the tokens' scales."""
+    per-token cast's bytes through the float32 quotient (quant.cuh
+    quotient_f32: no per-element float64 conversion) and the shuffles of a
+    group's amax and the tokens' scales."""
     rep = warp_mma_report
     funcs = re.split(r"\n\s*Function : ", rep.sass)[1:]
     assert len(funcs) == len(rep.resources)
@@ -476,7 +477,13 @@ def test_warp_mma_sass(warp_mma_report, sass_tools):
         assert "LDL" not in body and "STL" not in body, f"{name}: local-memory traffic"
         assert not re.findall(r"\bF(?:ADD|MUL|FMA)\S*\.FTZ\b", body), f"{name}: flush-to-zero arithmetic"
         if _warp_mma_x_form(rep, name):
+            # quant.cuh's float32 quotient: float64 only for each group's
+            # scale and reciprocal (one F2F each), three FMA-pipe operations
+            # an element (8 elements a lane a step)
+            steps = _config.WARP_MMA_QUANT_A_STEPS
             assert any(o.split()[-1].startswith("DMUL") or " DMUL" in o for o in ops), name
+            assert sum("F2F.F32.F64" in o for o in ops) <= 2 * steps, name
+            assert sum(re.search(r"\bFFMA\b", o) is not None for o in ops) >= 2 * 8 * steps, name
             assert sum("SHFL" in o for o in ops) >= 4 * _config.WARP_MMA_UNROLL, name
 
 

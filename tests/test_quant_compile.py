@@ -104,6 +104,25 @@ def test_sass_has_no_calls_or_local_memory(sass_tools):
             assert "LDGSTS" in body and "STG.E.128" in body, f"{name}: no cp.async / 16-byte stores"
 
 
+@pytest.mark.compile
+def test_quotient_check_kernel_compiles(sass_tools):
+    """cuda_src/quant_check.cuh (the GPU test of the float32 quotient on
+    every 16-bit input) builds for both dtypes: no spills, no calls, no
+    flush-to-zero arithmetic, the float32 quotient's FMAs beside the float64
+    path it is checked against."""
+    from cugemm8 import _jit
+    names = [f"cugemm8::quotient_check_kernel<cugemm8::InDtype::{d}>" for d in ("kBFloat16", "kFloat16")]
+    rep = _jit.compile_only("quant_check.cuh", names, sass=True)
+    assert set(rep.lowered) == set(names) and not rep.warnings, rep.warnings
+    for res in rep.resources.values():
+        assert res.stack_frame == 0 and res.spill_stores == 0 and res.spill_loads == 0, res
+    funcs = re.split(r"\n\s*Function : ", rep.sass)[1:]
+    assert len(funcs) == 2
+    for body in funcs:
+        assert not re.search(r"\bCALL\b", body) and "FTZ" not in body
+        assert "FFMA" in body and "DMUL" in body and "F2FP.SATFINITE.E4M3" in body
+
+
 # ----------------------------------------------------------------------------
 # Numerics of the exact division scheme
 # ----------------------------------------------------------------------------
@@ -197,6 +216,68 @@ def test_float64_quotient_rounds_like_float32_division():
         assert np.array_equal(got[normal].view(np.uint32), ref[normal].view(np.uint32))
         # Below 2^-126 only the e4m3 result matters: the same signed zero.
         assert np.array_equal(R.float_to_e4m3(got[~normal]), R.float_to_e4m3(ref[~normal]))
+
+
+def _rn_f32(v: Fraction) -> f32:
+    """An exact rational rounded to float32 once (RNE, subnormals kept; the
+    value is finite and inside float32's range here)."""
+    if v == 0:
+        return f32(0.0)
+    a = abs(v)
+    e = a.numerator.bit_length() - a.denominator.bit_length()
+    if Fraction(2) ** e > a:
+        e -= 1                                   # 2^e <= a < 2^(e + 1)
+    lsb = Fraction(2) ** (max(e, -126) - 23)
+    n, rem = divmod(a / lsb, 1)
+    if rem > Fraction(1, 2) or (rem == Fraction(1, 2) and n % 2):
+        n += 1
+    out = f32(float(n * lsb))                    # exact: n <= 2^24
+    return -out if v < 0 else out
+
+
+def _quotient_f32_replayed(x: f32, s: f32) -> f32:
+    """quant.cuh's quotient_f32 with exact arithmetic and one rounding per
+    operation: y = RN(1 / s), q0 = RN(x y), r = RN(x - s q0), RN(q0 + r y),
+    x's sign copied on."""
+    y = f32(1) / s                               # IEEE float32 division: RN(1 / s)
+    q0 = _rn_f32(Fraction(float(x)) * Fraction(float(y)))
+    r = _rn_f32(Fraction(float(x)) - Fraction(float(s)) * Fraction(float(q0)))
+    q = _rn_f32(Fraction(float(q0)) + Fraction(float(r)) * Fraction(float(y)))
+    return (np.array([q], f32).view(np.uint32) | (np.array([x], f32).view(np.uint32) & np.uint32(1 << 31))).view(f32)[0]
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16], ids=["bfloat16", "float16"])
+def test_float32_quotient_replayed_on_16_bit_inputs(dtype):
+    """A CPU replay of the float32 quotient on a sample of its domain (the
+    GPU test test_quant_gpu.py::test_float32_quotient_is_exact_on_every_16_bit_input
+    checks every input): 16-bit amax with its cast scale (plain and pow2),
+    |x| <= amax, the edges (x = +-amax, +-0, subnormal x).  The quotient's
+    bits equal IEEE division's at and above 2^-10, its e4m3 byte
+    everywhere."""
+    rng = np.random.default_rng(7)
+    finite = 0x7F80 if dtype is ml_dtypes.bfloat16 else 0x7C00
+    pairs = []
+    for amax_bits in np.concatenate([rng.integers(1, finite, 40), [1, 0x3C00, finite - 1]]):
+        xs = rng.integers(0, amax_bits + 1, 24)
+        pairs += [(int(amax_bits), int(b)) for b in np.concatenate([xs, [0, 1, 2, amax_bits, amax_bits - 1]])]
+    checked = 0
+    for amax_bits, mag in pairs:
+        amax = np.array([amax_bits], np.uint16).view(dtype).astype(f32)
+        for pow2 in (False, True):
+            s = R.quant._scale_from_amax(amax, 1e-4, pow2)[0]
+            for sign in (0, 0x8000):
+                x = np.array([mag | sign], np.uint16).view(dtype).astype(f32)[0]
+                want = x / s                     # IEEE float32 division
+                got = _quotient_f32_replayed(x, s)
+                case = (dtype, amax_bits, hex(mag | sign), pow2, got, want)
+                # Below 2^-10 (where the remainder may underflow, outside
+                # Markstein's theorem) the last place may differ; the e4m3
+                # byte (a signed zero there) may not.
+                if abs(want) >= f32(2.0 ** -10):
+                    assert got.view(np.uint32) == want.view(np.uint32), case
+                assert R.float_to_e4m3(np.array([got]))[0] == R.float_to_e4m3(np.array([want]))[0], case
+                checked += 1
+    assert checked == len(pairs) * 4
 
 
 def test_float64_scale_equals_float32_division_by_448():

@@ -522,3 +522,27 @@ def test_gemm_fp8_one_call():
     assert out3.shape == (m, n)
     with pytest.raises(TypeError):
         Q.gemm_fp8((lhs[0],), rhs)
+
+
+@pytest.mark.parametrize("pow2", [False, True], ids=["plain", "pow2"])
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float16"])
+def test_float32_quotient_is_exact_on_every_16_bit_input(dtype_name, pow2):
+    """The float32 quotient (quant.cuh ``quotient_f32``, which gemm_fp8's
+    one-kernel form in the warp-MMA kernel uses) gives the float64 path's
+    RN_f32(x / scale) and e4m3 byte on every input it can get: every finite
+    amax of the dtype (its scale from the cast's own function), every finite
+    x with |x| <= amax, both signs (cuda_src/quant_check.cuh); the
+    quotient's bits at and above 2^-10, its byte everywhere."""
+    from cugemm8 import _jit
+    cp = _cp()
+    dt = "kBFloat16" if dtype_name == "bfloat16" else "kFloat16"
+    kern = _jit.get_kernel("quant_check.cuh", f"cugemm8::quotient_check_kernel<cugemm8::InDtype::{dt}>")
+    counts = cp.zeros(3, dtype=cp.uint64)
+    first = cp.full(2, 0xFFFFFFFF, dtype=cp.uint32)
+    finite = 0x7F80 if dtype_name == "bfloat16" else 0x7C00
+    kern((0x8000,), (256,), (np.uint32(pow2), counts, first))
+    checked, quotient_diff, byte_diff = (int(v) for v in counts.get())
+    # sum over amax bits a < finite of 2 (a + 1) pairs
+    assert checked == finite * (finite + 1), checked
+    assert byte_diff == 0, f"{byte_diff} bytes differ; first amax bits {int(first[0]):#x}, x bits {int(first[1]):#x}"
+    assert quotient_diff == 0, f"{quotient_diff} float32 quotients >= 2^-10 differ (bytes equal)"

@@ -526,7 +526,14 @@ per_token_cast_kernel(const void* __restrict__ x, uint8_t* __restrict__ a, float
       if (chunk_valid && col < k) {
         uint32_t q[kVec / 4];
         if (__float_as_uint(scale) < 0x7f800000u) {
-          quant::quantize<kIn>(raw[u], quant::scaled_reciprocal(scale), q);
+          // 16-bit x with the default min_amax: the float32 quotient, which
+          // is checked on that whole domain (quantize_f32); else float64.
+          bool f32_quotient = false;
+          if constexpr (kIn != InDtype::kFloat32) {
+            f32_quotient = min_amax == kQuantAMinAmax;
+            if (f32_quotient) quant::quantize_f32<kIn>(raw[u], scale, quant::reciprocal_rn_f32(scale), q);
+          }
+          if (!f32_quotient) quant::quantize<kIn>(raw[u], quant::scaled_reciprocal(scale), q);
         } else {
           quant::quantize_nonfinite<kIn>(raw[u], scale, q);
         }

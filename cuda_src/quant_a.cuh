@@ -15,7 +15,8 @@
 // block is due, as soon as it has converted the slot's previous block; once
 // the math warpgroup has released the stage (its empty barrier), it quantises
 // the rows with the per-token cast's own device functions (quant.cuh: 1x128
-// amax, exact scale and quotient, kQuantAMinAmax), writes the payload and the
+// amax, exact scale and quotient -- in float32 for 16-bit x --,
+// kQuantAMinAmax), writes the payload and the
 // scales into the stage, fences them to the async proxy and arrives on the
 // stage's full barrier, which also waits for the producer's arrival and B's
 // bytes.  So the conversion runs while B's load for the same stage is in
@@ -88,8 +89,14 @@ struct QuantAConverter {
       finite[h] = __float_as_uint(sc) < 0x7f800000u;
       any_nonfinite |= !finite[h];
       // A non-finite scale's reciprocal would be garbage: 1 stands in,
-      // and its bytes are replaced below.
-      quant::quantize<kXDtype>(raw[h], quant::scaled_reciprocal(finite[h] ? sc : 1.0f), q[h]);
+      // and its bytes are replaced below.  16-bit x: the float32 quotient
+      // (quant.cuh: the float64 one's bytes on every 16-bit input).
+      const float s = finite[h] ? sc : 1.0f;
+      if constexpr (kXDtype == InDtype::kFloat32) {
+        quant::quantize<kXDtype>(raw[h], quant::scaled_reciprocal(s), q[h]);
+      } else {
+        quant::quantize_f32<kXDtype>(raw[h], s, quant::reciprocal_rn_f32(s), q[h]);
+      }
     }
     // NaN / Inf rows (rare): their bytes from the integer-only path.
     if (__any_sync(0xffffffffu, any_nonfinite)) {

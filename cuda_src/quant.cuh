@@ -24,7 +24,8 @@
 //
 // NOTES: CuPy compiles with -ftz=true, so nothing here is float32 arithmetic
 // the compiler could flush: integer ops on bit patterns, float64 arithmetic
-// (never flushed), and PTX conversions spelled out without .ftz:
+// (never flushed), and PTX conversions and float32 mul.rn / fma.rn (the
+// float32 quotient, ptx/fp32.cuh) spelled out without .ftz:
 //   * |x| and the amax reduction are unsigned integer max over |x| bit
 //     patterns: NaN propagates by construction (fmaxf would drop it) and
 //     fp32 subnormal inputs count with their true value.
@@ -35,7 +36,10 @@
 //   * `cvt.rn.satfinite.e4m3x2.f32` (sm_89+, PTX ISA "cvt"): RNE; finite
 //     values beyond +-448 (and +-Inf) give +-448 (0x7e/0xfe), NaN gives NaN.
 //     With a finite scale x / scale is never beyond +-448 (1 + 2^-23): |x| <=
-//     amax and scale >= RN(amax / 448); RNE takes that to 448 at most.
+//     amax and scale >= RN(amax / 448) >= (amax / 448) (1 - 2^-24).  The
+//     float32 quotient may be 448 (1 + 2^-23) itself (e.g. bf16 amax
+//     0x3f83, x = amax); the conversion's RNE (and satfinite) takes it to
+//     448.
 //   * Non-finite scales: a group / tile holding a NaN gets a NaN scale and
 //     NaN payloads (0x7f); one holding +-Inf (and no NaN) gets an Inf scale,
 //     NaN at the +-Inf positions (Inf / Inf) and signed zeros elsewhere
@@ -236,7 +240,7 @@ __device__ __forceinline__ double scaled_reciprocal(float s) {
 // not left to the theorem's other condition (q0 within one ulp of x / s):
 // the inputs here are
 // a finite 16-bit x with |x| <= amax and a scale the cast makes from an
-// amax of the same dtype, about 2^31 pairs per dtype and scale recipe, and a
+// amax of the same dtype, about 2^30 pairs per dtype and scale recipe, and a
 // GPU test compares every one of them with the float64 path: the quotient's
 // bits at and above 2^-10, the e4m3 byte everywhere (cuda_src/quant_check.cuh, tests/test_quant_gpu.py::
 // test_float32_quotient_is_exact_on_every_16_bit_input).  float32 x keeps the

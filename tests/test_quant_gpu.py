@@ -528,7 +528,8 @@ def test_gemm_fp8_one_call():
 @pytest.mark.parametrize("dtype_name", ["bfloat16", "float16"])
 def test_float32_quotient_is_exact_on_every_16_bit_input(dtype_name, pow2):
     """The float32 quotient (quant.cuh ``quotient_f32``, which gemm_fp8's
-    one-kernel form in the warp-MMA kernel uses) gives the float64 path's
+    in-kernel forms (warp-MMA and TMA converters) and the per-token cast of
+    16-bit x with the default min_amax use) gives the float64 path's
     RN_f32(x / scale) and e4m3 byte on every input it can get: every finite
     amax of the dtype (its scale from the cast's own function), every finite
     x with |x| <= amax, both signs (cuda_src/quant_check.cuh); the

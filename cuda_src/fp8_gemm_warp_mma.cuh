@@ -223,7 +223,8 @@ fp8_gemm_warp_mma_kernel(uint32_t shape_m, uint32_t num_k_blocks, uint32_t flags
     float sa[kUnroll][kTokenTiles][2], sb[kUnroll];
   };
   // The batch at kb0's loads (blocks past kb_end load nothing): the weights
-  // (HBM) in load_b, then the tokens and scales (L2 / L1 hits) in load_xs.
+  // (HBM) in load_b, then the tokens and scales (L2 / L1 hits) in load_xs
+  // (float A: B's scales in load_b, the tokens from shared memory).
   auto load_b = [&](Batch& bt, uint32_t kb0) {
     #pragma unroll
     for (uint32_t u = 0; u < kUnroll; ++u) {
@@ -239,6 +240,11 @@ fp8_gemm_warp_mma_kernel(uint32_t shape_m, uint32_t num_k_blocks, uint32_t flags
           for (uint32_t h = 0; h < 2; ++h)
             bt.wb[u][r][h][j] = ld_16<true>(b_row[r][h] + koff, k_ok && row_ok[r][h]);
       }
+      // Float A: B's scales go out with B (the tokens come from shared
+      // memory).  Issued after the quantisation, as load_xs does for FP8 A,
+      // the first batch's scales waited a whole HBM latency behind the
+      // grid's B stream.
+      if constexpr (kQuantA) bt.sb[u] = ld_nc_f32(sfb_row + kb, kb < kb_end);
     }
   };
   auto load_xs = [&](Batch& bt, uint32_t kb0) {
@@ -256,7 +262,6 @@ fp8_gemm_warp_mma_kernel(uint32_t shape_m, uint32_t num_k_blocks, uint32_t flags
         }
         #pragma unroll
         for (uint32_t e = 0; e < 2; ++e) bt.sa[u][0][e] = kb_ok && sfa_ok[0][e] ? xs[kb * 8u + 2u * t + e] : 0.f;
-        bt.sb[u] = ld_nc_f32(sfb_row + kb, kb_ok);
       }
     } else {
       #pragma unroll

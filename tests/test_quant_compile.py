@@ -93,12 +93,18 @@ def test_sass_has_no_calls_or_local_memory(sass_tools):
     rep = _jit.compile_only("quant.cuh", names, sass=True)
     funcs = re.split(r"\n\s*Function : ", rep.sass)[1:]
     assert len(funcs) == len(names)
+    per_token_16 = {m for e, m in rep.lowered.items() if e.startswith("cugemm8::per_token_cast_kernel<")
+                    and "kFloat32" not in e}
+    assert len(per_token_16) == 4
     for body in funcs:
         name = body.split("\n", 1)[0].strip()
         assert not re.search(r"\bCALL\b", body), f"{name}: CALL (division slow path?)"
         assert not re.search(r"\b(LDL|STL)\b", body), f"{name}: local memory"
         assert "F2FP.SATFINITE.E4M3" in body, f"{name}: no e4m3 conversion"
         assert "DMUL" in body, f"{name}: no float64 quotient"
+        if name in per_token_16:
+            # 16-bit x: the float32 quotient too (taken with the default min_amax)
+            assert len(re.findall(r"\bFFMA\b", body)) >= 16, f"{name}: no float32 quotient"
         if "cast_transpose" in name:
             # the tile is staged with cp.async, left with 16-byte stores
             assert "LDGSTS" in body and "STG.E.128" in body, f"{name}: no cp.async / 16-byte stores"

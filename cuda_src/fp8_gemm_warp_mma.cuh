@@ -61,7 +61,8 @@
 // device functions (quant.cuh: amax, scale, the exact quotient in its float32
 // form -- three FMA-pipe operations an element instead of a float64 product
 // and an F2F, the same bytes on every input, checked exhaustively -- and the
-// integer-only bytes of a group holding a NaN or an Inf), so the payload bytes and scales
+// integer-only bytes of a group holding a NaN or an Inf), so the payload
+// bytes and scales
 // are bit for bit those per_token_cast_to_fp8 writes and the output is that
 // of the cast followed by this kernel on FP8 A.  The payload is stored in
 // the MMA's fragment order (K block, half j, token g, lane t: 16 bytes), so
@@ -241,9 +242,9 @@ fp8_gemm_warp_mma_kernel(uint32_t shape_m, uint32_t num_k_blocks, uint32_t flags
             bt.wb[u][r][h][j] = ld_16<true>(b_row[r][h] + koff, k_ok && row_ok[r][h]);
       }
       // Float A: B's scales go out with B (the tokens come from shared
-      // memory).  Issued after the quantisation, as load_xs does for FP8 A,
-      // the first batch's scales waited a whole HBM latency behind the
-      // grid's B stream.
+      // memory).  Issued in load_xs, as for FP8 A, the first batch's
+      // scales went out only after the quantisation (1.2 % slower on the
+      // one-kernel rows, benches/RESULTS.md v0.21).
       if constexpr (kQuantA) bt.sb[u] = ld_nc_f32(sfb_row + kb, kb < kb_end);
     }
   };

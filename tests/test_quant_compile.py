@@ -263,10 +263,16 @@ def test_float32_quotient_replayed_on_16_bit_inputs(dtype):
     rng = np.random.default_rng(7)
     finite = 0x7F80 if dtype is ml_dtypes.bfloat16 else 0x7C00
     pairs = []
-    for amax_bits in np.concatenate([rng.integers(1, finite, 40), [1, 0x3C00, finite - 1]]):
+    # 0x3F83 (bf16 1.0234375): x = amax gives the quotient 448 (1 + 2^-23).
+    # bf16 0x38F6 with x = 0x001F (a float32 subnormal): the remainder
+    # underflows and the quotient (about 2^-120) differs from IEEE division
+    # in the last place; its byte does not.
+    for amax_bits in np.concatenate([rng.integers(1, finite, 40), [1, 0x0080, 0x3C00, 0x3F83, finite - 1]]):
         xs = rng.integers(0, amax_bits + 1, 24)
         pairs += [(int(amax_bits), int(b)) for b in np.concatenate([xs, [0, 1, 2, amax_bits, amax_bits - 1]])]
-    checked = 0
+    if dtype is ml_dtypes.bfloat16:
+        pairs.append((0x38F6, 0x001F))
+    checked = last_place = 0
     for amax_bits, mag in pairs:
         amax = np.array([amax_bits], np.uint16).view(dtype).astype(f32)
         for pow2 in (False, True):
@@ -281,9 +287,12 @@ def test_float32_quotient_replayed_on_16_bit_inputs(dtype):
                 # byte (a signed zero there) may not.
                 if abs(want) >= f32(2.0 ** -10):
                     assert got.view(np.uint32) == want.view(np.uint32), case
+                last_place += int(got.view(np.uint32) != want.view(np.uint32))
                 assert R.float_to_e4m3(np.array([got]))[0] == R.float_to_e4m3(np.array([want]))[0], case
                 checked += 1
     assert checked == len(pairs) * 4
+    if dtype is ml_dtypes.bfloat16:
+        assert last_place > 0                    # the underflow case above is reached
 
 
 def test_float64_scale_equals_float32_division_by_448():

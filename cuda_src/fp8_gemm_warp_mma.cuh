@@ -357,9 +357,8 @@ fp8_gemm_warp_mma_kernel(uint32_t shape_m, uint32_t num_k_blocks, uint32_t flags
         // A non-finite scale's reciprocal would be garbage: 1 stands in,
         // and the group's bytes are replaced below.  The float32 quotient
         // (quant.cuh: the float64 one's bytes, checked on every input).
-        const float s = finite ? scale : 1.0f;
         uint32_t q[kXVec / 4];
-        quant::quantize_f32<kXDtype>(xr.raw[h], s, quant::reciprocal_rn_f32(s), q);
+        quant::quantize_activation<kXDtype>(xr.raw[h], finite ? scale : 1.0f, q);
         if (__any_sync(0xffffffffu, !finite)) {
           if (!finite) quant::quantize_nonfinite<kXDtype>(xr.raw[h], scale, q);
         }

@@ -365,6 +365,20 @@ __device__ __forceinline__ void zero_past(uint32_t (&raw)[4], uint32_t col, uint
   }
 }
 
+// RN_f32(x / s) for x = the float32 with bits `x_bits`, recip =
+// scaled_reciprocal(s): the float64 quotient ("Exact division" above).
+__device__ __forceinline__ float quotient_f64(uint32_t x_bits, double recip) {
+  return cvt_rn_f32_f64(mul_rn_f64(embed_f32_scaled(x_bits), recip));
+}
+
+// kVec quotients -> kVec e4m3fn bytes packed little-endian in kVec / 4 words.
+template <int kVec>
+__device__ __forceinline__ void pack_e4m3(const float (&q)[kVec], uint32_t (&out)[kVec / 4]) {
+#pragma unroll
+  for (int w = 0; w < kVec / 4; ++w)
+    out[w] = cvt_e4m3x2(q[4 * w], q[4 * w + 1]) | (cvt_e4m3x2(q[4 * w + 2], q[4 * w + 3]) << 16);
+}
+
 // The kVec elements of one load -> kVec e4m3fn bytes packed little-endian in
 // kVec / 4 words.  Finite scale; `recip` = scaled_reciprocal(scale).
 template <InDtype kIn>
@@ -373,11 +387,8 @@ __device__ __forceinline__ void quantize(const uint32_t (&raw)[4], double recip,
   constexpr int kVec = InTraits<kIn>::kVec;
   float q[kVec];
 #pragma unroll
-  for (int j = 0; j < kVec; ++j)
-    q[j] = cvt_rn_f32_f64(mul_rn_f64(embed_f32_scaled(element_f32_bits<kIn>(raw, j)), recip));
-#pragma unroll
-  for (int w = 0; w < kVec / 4; ++w)
-    out[w] = cvt_e4m3x2(q[4 * w], q[4 * w + 1]) | (cvt_e4m3x2(q[4 * w + 2], q[4 * w + 3]) << 16);
+  for (int j = 0; j < kVec; ++j) q[j] = quotient_f64(element_f32_bits<kIn>(raw, j), recip);
+  pack_e4m3<kVec>(q, out);
 }
 
 // quantize for 16-bit kIn with the float32 quotient: the same bytes for
@@ -390,9 +401,22 @@ __device__ __forceinline__ void quantize_f32(const uint32_t (&raw)[4], float s, 
   float q[kVec];
 #pragma unroll
   for (int j = 0; j < kVec; ++j) q[j] = quotient_f32(element_f32_bits<kIn>(raw, j), s, y);
-#pragma unroll
-  for (int w = 0; w < kVec / 4; ++w)
-    out[w] = cvt_e4m3x2(q[4 * w], q[4 * w + 1]) | (cvt_e4m3x2(q[4 * w + 2], q[4 * w + 3]) << 16);
+  pack_e4m3<kVec>(q, out);
+}
+
+// An activation load's bytes for a finite scale s, with the quotient each
+// input takes: float32 for 16-bit kIn when `default_min_amax` (s made with
+// kQuantAMinAmax: the domain the exhaustive check covers), else float64.
+template <InDtype kIn>
+__device__ __forceinline__ void quantize_activation(const uint32_t (&raw)[4], float s,
+                                                    uint32_t (&out)[InTraits<kIn>::kVec / 4],
+                                                    bool default_min_amax = true) {
+  bool f32_quotient = false;
+  if constexpr (kIn != InDtype::kFloat32) {
+    f32_quotient = default_min_amax;
+    if (f32_quotient) quantize_f32<kIn>(raw, s, reciprocal_rn_f32(s), out);
+  }
+  if (!f32_quotient) quantize<kIn>(raw, scaled_reciprocal(s), out);
 }
 
 // Same for a non-finite scale, i.e. RN(x / NaN) = NaN, RN(+-Inf / Inf) = NaN
@@ -533,14 +557,7 @@ per_token_cast_kernel(const void* __restrict__ x, uint8_t* __restrict__ a, float
       if (chunk_valid && col < k) {
         uint32_t q[kVec / 4];
         if (__float_as_uint(scale) < 0x7f800000u) {
-          // 16-bit x with the default min_amax: the float32 quotient, which
-          // is checked on that whole domain (quantize_f32); else float64.
-          bool f32_quotient = false;
-          if constexpr (kIn != InDtype::kFloat32) {
-            f32_quotient = min_amax == kQuantAMinAmax;
-            if (f32_quotient) quant::quantize_f32<kIn>(raw[u], scale, quant::reciprocal_rn_f32(scale), q);
-          }
-          if (!f32_quotient) quant::quantize<kIn>(raw[u], quant::scaled_reciprocal(scale), q);
+          quant::quantize_activation<kIn>(raw[u], scale, q, min_amax == kQuantAMinAmax);
         } else {
           quant::quantize_nonfinite<kIn>(raw[u], scale, q);
         }

@@ -91,12 +91,7 @@ struct QuantAConverter {
       // A non-finite scale's reciprocal would be garbage: 1 stands in,
       // and its bytes are replaced below.  16-bit x: the float32 quotient
       // (quant.cuh: the float64 one's bytes on every 16-bit input).
-      const float s = finite[h] ? sc : 1.0f;
-      if constexpr (kXDtype == InDtype::kFloat32) {
-        quant::quantize<kXDtype>(raw[h], quant::scaled_reciprocal(s), q[h]);
-      } else {
-        quant::quantize_f32<kXDtype>(raw[h], s, quant::reciprocal_rn_f32(s), q[h]);
-      }
+      quant::quantize_activation<kXDtype>(raw[h], finite[h] ? sc : 1.0f, q[h]);
     }
     // NaN / Inf rows (rare): their bytes from the integer-only path.
     if (__any_sync(0xffffffffu, any_nonfinite)) {

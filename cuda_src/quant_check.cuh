@@ -7,7 +7,7 @@
 //   scale activation_scale<kIn>(amax, pow2), the cast's own function;
 //   x     every finite pattern of kIn with |x| <= amax, both signs.
 // For each pair it compares the float32 bits of RN_f32(x / scale) from
-// quotient_f32 with those from the float64 path (quantize's) where that
+// quotient_f32 with those from quotient_f64 (quantize's) where that
 // quotient is at least 2^-10 in magnitude (below, e4m3 rounds it to a signed
 // zero), and the e4m3 bytes the two give everywhere.  Not a GEMM kernel: tests/test_quant_gpu.py runs it.
 //
@@ -40,7 +40,7 @@ quotient_check_kernel(uint32_t pow2, unsigned long long* counts, uint32_t* first
       const uint32_t x16 = mag | (sign << 15);
       const uint32_t raw[4] = {x16, 0u, 0u, 0u};  // element 0 of one load
       const uint32_t xb = quant::element_f32_bits<kIn>(raw, 0);
-      const float q64 = quant::cvt_rn_f32_f64(quant::mul_rn_f64(quant::embed_f32_scaled(xb), recip));
+      const float q64 = quant::quotient_f64(xb, recip);
       const float q32 = quant::quotient_f32(xb, s, y);
       ++checked;
       // Quotients below 2^-10 (bytes of zero) may differ in the last place

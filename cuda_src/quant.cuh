@@ -323,8 +323,27 @@ __device__ __forceinline__ uint32_t round_up_pow2_bits(uint32_t b) {
   return (mant & (mant - 1)) == 0 ? mant : (1u << (32 - __clz(mant)));
 }
 
+// RN_f32(a / 448) in float32 arithmetic for an amax a that is a 16-bit
+// value (bfloat16 or float16, widened) or the default min_amax: Markstein's
+// correction (see "Exact division in float32 arithmetic" above) with the
+// constant y = RN_f32(1 / 448): q0 = RN(a y), r = RN(a - 448 q0) (one FMA),
+// RN(q0 + r y) (one FMA).  One FMUL and two FFMAs where the float64 product
+// below takes a DMUL and an F2F.  Equal to RN_f32(a / 448) on every such a
+// (a CPU replay with exact rationals over all of them:
+// tests/test_quant_compile.py::test_division_by_448_replayed_on_16_bit_amax,
+// and on the GPU cuda_src/quant_check.cuh); not claimed for other float32 a.
+constexpr float kRcp448 = 0x1.24924ap-9f;           // RN_f32(1 / 448)
+__device__ __forceinline__ float div448_f32(float a) {
+  const float q0 = mul_rn(a, kRcp448);
+  const float r = fma_rn(-448.f, q0, a);
+  return fma_rn(r, kRcp448, q0);
+}
+
 // amax (float32 bits) -> scale, following the recipe at the top of the file.
-template <bool kPow2>
+// kAmax16: amax is a 16-bit value widened and min_amax the default (the
+// in-kernel forms' activation_scale): the quotient by 448 in float32
+// (div448_f32, the same bits on that domain) instead of the float64 product.
+template <bool kPow2, bool kAmax16 = false>
 __device__ __forceinline__ float amax_to_scale(uint32_t amax_bits, float min_amax) {
   // Clamp with an unsigned compare so a NaN amax (bits > any finite) stays NaN.
   const uint32_t min_bits = __float_as_uint(min_amax);
@@ -332,8 +351,10 @@ __device__ __forceinline__ float amax_to_scale(uint32_t amax_bits, float min_ama
   // amax is a normal float32 here (>= min_amax >= 448 * 2^-126) unless it is
   // Inf / NaN, which pass through unchanged (Inf / 448 = Inf).
   float scale = __uint_as_float(amax_bits);
-  if (amax_bits < 0x7f800000u)
-    scale = cvt_rn_f32_f64(mul_rn_f64(embed_normal_rebiased<0>(amax_bits), kInv448));
+  if (amax_bits < 0x7f800000u) {
+    if constexpr (kAmax16) scale = div448_f32(scale);
+    else scale = cvt_rn_f32_f64(mul_rn_f64(embed_normal_rebiased<0>(amax_bits), kInv448));
+  }
   if constexpr (kPow2) scale = __uint_as_float(round_up_pow2_bits(__float_as_uint(scale)));
   return scale;
 }
@@ -342,10 +363,13 @@ __device__ __forceinline__ float amax_to_scale(uint32_t amax_bits, float min_ama
 // fp8_gemm_warp_mma.cuh) for a 1x128 group whose |x| maximum has bits
 // `amax` of kIn: per_token_cast_to_fp8 with its default min_amax
 // (kQuantAMinAmax), rounded up to a power of two when `pow2` (the run-time
-// kFlagAPow2Scale; the same bits as amax_to_scale<true>).
+// kFlagAPow2Scale; the same bits as amax_to_scale<true>).  16-bit kIn takes
+// the float32 quotient by 448 (kAmax16: the same bits without a float64
+// product; a tie end to end on the H200, benches/RESULTS.md v0.22).
 template <InDtype kIn>
 __device__ __forceinline__ float activation_scale(uint32_t amax, bool pow2) {
-  const float scale = amax_to_scale<false>(abs_bits_to_f32_bits<kIn>(amax), kQuantAMinAmax);
+  const float scale =
+      amax_to_scale<false, kIn != InDtype::kFloat32>(abs_bits_to_f32_bits<kIn>(amax), kQuantAMinAmax);
   return pow2 ? __uint_as_float(round_up_pow2_bits(__float_as_uint(scale))) : scale;
 }
 

@@ -4,17 +4,21 @@
 // activation cast can give it for a 16-bit dtype kIn:
 //   amax  every finite non-negative pattern of kIn (the group's max |x|; the
 //         cast clamps it to kQuantAMinAmax), one CTA each (blockIdx.x = bits);
-//   scale activation_scale<kIn>(amax, pow2), the cast's own function;
+//   scale activation_scale<kIn>(amax, pow2), the in-kernel forms' function;
 //   x     every finite pattern of kIn with |x| <= amax, both signs.
 // For each pair it compares the float32 bits of RN_f32(x / scale) from
 // quotient_f32 with those from quotient_f64 (quantize's) where that
 // quotient is at least 2^-10 in magnitude (below, e4m3 rounds it to a signed
-// zero), and the e4m3 bytes the two give everywhere.  Not a GEMM kernel: tests/test_quant_gpu.py runs it.
+// zero), and the e4m3 bytes the two give everywhere.  Per amax it also
+// compares that scale (activation_scale: a float32 quotient by 448 for
+// 16-bit amax) with the float64 one the per-token cast computes
+// (amax_to_scale).  Not a GEMM kernel: tests/test_quant_gpu.py runs it.
 //
 // Arguments:
 //   pow2      1: power-of-two scales (kFlagAPow2Scale), 0: plain scales
-//   counts    [3] uint64, zeroed by the caller: pairs checked, quotients of
-//             magnitude >= 2^-10 whose bits differ, e4m3 bytes that differ
+//   counts    [4] uint64, zeroed by the caller: pairs checked, quotients of
+//             magnitude >= 2^-10 whose bits differ, e4m3 bytes that differ,
+//             amax whose scale differs from the cast's
 //   first     [2] uint32, 0xffffffff by the caller: the first (amax, x) bits
 //             whose byte differs (any one, if several do)
 #pragma once
@@ -33,6 +37,12 @@ quotient_check_kernel(uint32_t pow2, unsigned long long* counts, uint32_t* first
   const float s = quant::activation_scale<kIn>(amax, pow2 != 0);
   const float y = quant::reciprocal_rn_f32(s);
   const double recip = quant::scaled_reciprocal(s);
+  if (threadIdx.x == 0) {
+    const uint32_t a32 = quant::abs_bits_to_f32_bits<kIn>(amax);
+    const float cast = pow2 ? quant::amax_to_scale<true>(a32, kQuantAMinAmax)
+                            : quant::amax_to_scale<false>(a32, kQuantAMinAmax);
+    if (__float_as_uint(cast) != __float_as_uint(s)) atomicAdd(counts + 3, 1ull);
+  }
   unsigned long long checked = 0, quotient_diff = 0, byte_diff = 0;
   for (uint32_t mag = threadIdx.x; mag <= amax; mag += blockDim.x) {
 #pragma unroll

@@ -531,18 +531,20 @@ def test_float32_quotient_is_exact_on_every_16_bit_input(dtype_name, pow2):
     in-kernel forms (warp-MMA and TMA converters) and the per-token cast of
     16-bit x with the default min_amax use) gives the float64 path's
     RN_f32(x / scale) and e4m3 byte on every input it can get: every finite
-    amax of the dtype (its scale from the cast's own function), every finite
-    x with |x| <= amax, both signs (cuda_src/quant_check.cuh); the
-    quotient's bits at and above 2^-10, its byte everywhere."""
+    amax of the dtype (its scale from the in-kernel forms' function, which
+    must equal the cast's: checked too), every finite x with |x| <= amax,
+    both signs (cuda_src/quant_check.cuh); the quotient's bits at and above
+    2^-10, its byte everywhere."""
     from cugemm8 import _jit
     cp = _cp()
     dt = "kBFloat16" if dtype_name == "bfloat16" else "kFloat16"
     kern = _jit.get_kernel("quant_check.cuh", f"cugemm8::quotient_check_kernel<cugemm8::InDtype::{dt}>")
-    counts = cp.zeros(3, dtype=cp.uint64)
+    counts = cp.zeros(4, dtype=cp.uint64)
     first = cp.full(2, 0xFFFFFFFF, dtype=cp.uint32)
     finite = 0x7F80 if dtype_name == "bfloat16" else 0x7C00
     kern((0x8000,), (256,), (np.uint32(pow2), counts, first))
-    checked, quotient_diff, byte_diff = (int(v) for v in counts.get())
+    checked, quotient_diff, byte_diff, scale_diff = (int(v) for v in counts.get())
+    assert scale_diff == 0, f"{scale_diff} in-kernel scales (float32 quotient by 448) differ from the cast's"
     # sum over amax bits a < finite of 2 (a + 1) pairs
     assert checked == finite * (finite + 1), checked
     assert byte_diff == 0, f"{byte_diff} bytes differ; first amax bits {int(first[0]):#x}, x bits {int(first[1]):#x}"

@@ -27,7 +27,7 @@ with bf16 activations x [M, K] (normal) and FP8 weights from
 * ``fused 2K``: the same call with the two-kernel form forced (rows where
   the pick is ``1K``; ``2K/1K`` is its time over the pick's); with
   ``--one-kernel-rows N`` (a probe: ``cugemm8.quant.ONE_KERNEL_MAX_M``
-  replaced and ``cugemm8._config.WARP_MMA_ONE_KERNEL_MAX_GROUPS`` lifted for
+  replaced and the warp-MMA rule's group limits lifted for
   the run) every pick that has a one-kernel form takes it up to N rows, to
   measure that form where the library's rule keeps two kernels;
 * ``2-launch``: ``per_token_cast_to_fp8(x)`` then ``gemm_fp8_fp8_bf16_nt``,
@@ -486,7 +486,8 @@ def main(argv=None) -> int:
     if args.one_kernel_rows is not None:
         rows = args.one_kernel_rows
         cugemm8.quant.ONE_KERNEL_MAX_M = {2: ((8, rows),), 4: ((8, rows),)}
-        cugemm8._config.WARP_MMA_ONE_KERNEL_MAX_GROUPS = 1 << 30   # the warp-MMA rule's limit lifted too
+        cugemm8._config.WARP_MMA_ONE_KERNEL_MAX_GROUPS = 1 << 30   # the warp-MMA rule's limits lifted too
+        cugemm8._config.WARP_MMA_ONE_KERNEL_MAX_GROUPS_SHARED = 1 << 30
         print(f"probe: the one-kernel form for every pick that has one, up to {rows} rows")
     ms = [int(v) for v in args.ms.split(",") if v]
     chain_ms = [int(v) for v in args.chain_ms.split(",") if v]

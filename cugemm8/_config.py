@@ -309,9 +309,24 @@ WARP_MMA_QUANT_A_REGISTERS = 128
 # M = 8) and 0.55-0.97x beyond.  Every CTA quantises all the tokens it
 # reads (the whole of x for a one-slab grid), so the form's cost grows with
 # M x K per CTA, not per grid; 8 steps a round (one round up to 16 groups)
-# and x prefetched into L2 for later rounds were measured and lost.
+# and x prefetched into L2 for later rounds were measured and lost.  The
+# form whose CTA's warps share the groups (several slabs per CTA) takes a
+# full round of 8: 32768x512 at M = 7-8 ran 1.04-1.07x the two kernels in
+# three runs of v0.22 (benches/RESULTS.md v0.22), where the one-slab form's
+# full rounds were 0.98-1.02x (2112x7168 at M = 2 faster, 7168x2048 slower).
 WARP_MMA_QUANT_A_STEPS = 4
 WARP_MMA_ONE_KERNEL_MAX_GROUPS = 7
+WARP_MMA_ONE_KERNEL_MAX_GROUPS_SHARED = 8
+
+
+def warp_mma_one_kernel_max_groups(config: "GemmConfig") -> int:
+    """The most 1x128 groups the busiest warp of warp-MMA ``config``'s form
+    that quantises x may take for gemm_fp8 to run it (one kernel) rather
+    than the quantiser and the GEMM: :data:`WARP_MMA_ONE_KERNEL_MAX_GROUPS`
+    with one slab per CTA (each warp its own K blocks),
+    :data:`WARP_MMA_ONE_KERNEL_MAX_GROUPS_SHARED` with several (the CTA's
+    warps share the groups); measured, see above."""
+    return WARP_MMA_ONE_KERNEL_MAX_GROUPS if config.block_n == 16 else WARP_MMA_ONE_KERNEL_MAX_GROUPS_SHARED
 
 
 def warp_mma_quant_groups_per_warp(config: "GemmConfig", m: int, k: int) -> int:

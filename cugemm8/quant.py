@@ -660,11 +660,12 @@ def gemm_fp8(a: cupy.ndarray | tuple[cupy.ndarray, cupy.ndarray],
         float16; float32 takes two kernels): each CTA quantises its tokens
         into shared memory before its main loop while its first weights
         are in flight, up to the rows that leave its busiest warp at most
-        7 groups of 128 elements (32768 x 512: m <= 6, 24576 x 1536:
-        m <= 2, 4096 x 7168, 7168 x 2048 and 2112 x 7168: m = 1).
-        Measured on the H200 (``benches/bench_e2e.py``, benches/RESULTS.md
-        v0.20): 1.11-1.23x the span of the two-launch path and 0.99-1.08x
-        the two-kernel form on those rows.  Rows of ``a`` that are not
+        7 groups of 128 elements, 8 where a CTA's warps share them
+        (:func:`cugemm8._config.warp_mma_one_kernel_max_groups`; 32768 x
+        512: m <= 8, 24576 x 1536: m <= 2, 4096 x 7168, 7168 x 2048 and
+        2112 x 7168: m = 1).  Measured on the H200 (``benches/bench_e2e.py``,
+        benches/RESULTS.md v0.20-v0.22): 1.11-1.37x the span of the
+        two-launch path and 1.02-1.20x the two-kernel form on those rows.  Rows of ``a`` that are not
         whole 16-byte pieces (``k % 8`` for 16-bit ``a``) take two kernels.
       - The TMA picks (a reduced SM budget, or larger m): up to 8 rows of
         16-bit ``a`` where the pick is at least 128 columns wide, 4 where
@@ -890,7 +891,7 @@ def _fused_key(a, b, out, workspace, pow2_scale, gemm):
 
 #: Rows of float activations up to which :func:`gemm_fp8`'s fused path
 #: quantises them inside a TMA GEMM (one kernel; cuda_src/quant_a.cuh; the
-#: warp-MMA pick's rule is :data:`cugemm8._config.WARP_MMA_ONE_KERNEL_MAX_GROUPS`) instead
+#: warp-MMA pick's rule is :func:`cugemm8._config.warp_mma_one_kernel_max_groups`) instead
 #: of in a per-token prologue kernel: by x's element size, ``((min BLOCK_N,
 #: max rows), ...)`` of the GEMM's pick (for a swap-AB pick its weight tile,
 #: the WGMMA's 64-row waves), the first match deciding, none meaning never
@@ -926,13 +927,13 @@ def one_kernel_rows(twin, itemsize: int, k: int) -> int:
     """Rows of float activations of ``itemsize`` bytes up to which the fused
     path runs ``twin`` (a :func:`cugemm8._config.quant_a_config` result) at
     K = ``k``: for the warp-MMA kernel the most rows that give its busiest
-    warp at most :data:`cugemm8._config.WARP_MMA_ONE_KERNEL_MAX_GROUPS`
+    warp at most :func:`cugemm8._config.warp_mma_one_kernel_max_groups`
     groups to quantise (measured, see there), else :func:`one_kernel_max_m`
     of the TMA twin's BLOCK_N."""
     if twin.warp_mma:
         rows = 0
         while (rows < min(twin.block_m, _config.WARP_MMA_MAX_M) and _config.warp_mma_quant_groups_per_warp(
-                twin, rows + 1, k) <= _config.WARP_MMA_ONE_KERNEL_MAX_GROUPS):
+                twin, rows + 1, k) <= _config.warp_mma_one_kernel_max_groups(twin)):
             rows += 1
         return rows
     return one_kernel_max_m(twin.block_n, itemsize)

@@ -466,8 +466,10 @@ def test_warp_mma_one_kernel_form_rules(monkeypatch):
     assert one(fake((1, k), np.float32)) is None
     assert one(fake((1, k), BF16, strides=(2 ** 32, 2))).warp_mma                 # one row: its stride is unused
     assert one(fake((1, k), BF16, offset=8)) is None
-    # the rows: at most WARP_MMA_ONE_KERNEL_MAX_GROUPS (7) groups for the busiest warp
-    want = {(2112, 7168): 1, (4096, 7168): 1, (7168, 2048): 1, (32768, 512): 6, (24576, 1536): 2}
+    # the rows: at most 7 groups for the busiest warp with one slab per CTA
+    # (WARP_MMA_ONE_KERNEL_MAX_GROUPS), 8 where the CTA's warps share them
+    # (WARP_MMA_ONE_KERNEL_MAX_GROUPS_SHARED: 32768x512 and 24576x1536)
+    want = {(2112, 7168): 1, (4096, 7168): 1, (7168, 2048): 1, (32768, 512): 8, (24576, 1536): 2}
     for (n_, k_), rows in want.items():
         twin = _config.quant_a_config(_config.select_config("normal", 1, n_, k_, num_sms=132), k_, 2, num_sms=132)
         assert _quant.one_kernel_rows(twin, 2, k_) == rows, (n_, k_)
@@ -480,6 +482,9 @@ def test_warp_mma_one_kernel_form_rules(monkeypatch):
     # 36 groups handed out two at a time to 4 warps: warp 0 gets 4 pairs and 2 more
     assert _config.warp_mma_quant_groups_per_warp(shared, 3, 1536) == 10
     assert [_config.warp_mma_quant_groups_per_warp(shared, m, 512) for m in (1, 2, 5, 7)] == [2, 2, 6, 8]
+    # a full round of 8 groups only where the CTA's warps share them
+    assert _config.warp_mma_one_kernel_max_groups(per_warp) == 7
+    assert _config.warp_mma_one_kernel_max_groups(shared) == 8
     # the kernel's 16-byte loads must not pass a row's end: rows of whole 16-byte pieces only
     assert _quant._one_kernel_config(fake((1, 1001), BF16), 2112, 1008, _gemm) is None
     assert _quant._one_kernel_config(fake((1, 1000), BF16), 2112, 1008, _gemm).warp_mma

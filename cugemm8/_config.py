@@ -299,8 +299,9 @@ WARP_MMA_QUANT_A_REGISTERS = 128
 # warp its own K blocks' groups; several slabs: the CTA's warps share them),
 # 2 groups of 128 elements per warp step, WARP_MMA_QUANT_A_STEPS steps per
 # round (fp8_gemm_warp_mma.cuh kWarpMmaQuantSteps).  gemm_fp8 takes this
-# form up to the rows that give a warp at most WARP_MMA_ONE_KERNEL_MAX_GROUPS
-# groups, fewer than one full round: measured on the H200
+# form up to the rows that give a warp at most
+# warp_mma_one_kernel_max_groups groups: with one slab per CTA
+# WARP_MMA_ONE_KERNEL_MAX_GROUPS, fewer than one full round, measured on the H200
 # (benches/bench_e2e.py --one-kernel-rows 8, benches/RESULTS.md v0.20 and
 # v0.21) against the quantiser + GEMM pair, with the float32 quotient
 # (v0.21): 1.02-1.10x at up to 7 groups a warp (32768x512 M <= 6,
@@ -312,7 +313,7 @@ WARP_MMA_QUANT_A_REGISTERS = 128
 # and x prefetched into L2 for later rounds were measured and lost.  The
 # form whose CTA's warps share the groups (several slabs per CTA) takes a
 # full round of 8: 32768x512 at M = 7-8 ran 1.04-1.07x the two kernels in
-# three runs of v0.22 (benches/RESULTS.md v0.22), where the one-slab form's
+# two runs of v0.22 (benches/RESULTS.md v0.22), where the one-slab form's
 # full rounds were 0.98-1.02x (2112x7168 at M = 2 faster, 7168x2048 slower).
 WARP_MMA_QUANT_A_STEPS = 4
 WARP_MMA_ONE_KERNEL_MAX_GROUPS = 7

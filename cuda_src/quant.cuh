@@ -259,14 +259,21 @@ __device__ __forceinline__ float reciprocal_rn_f32(float s) {
   return cvt_rn_f32_f64(y);
 }
 
-// RN_f32(x / s) for x = the float32 with bits `x_bits`, y = reciprocal_rn_f32(s)
-// (the domain above).
-__device__ __forceinline__ float quotient_f32(uint32_t x_bits, float s, float y) {
-  const float x = __uint_as_float(x_bits);
+// Markstein's correction itself: RN(q0 + r y) with q0 = RN(x y), r =
+// RN(x - s q0) (two FMAs after the product), for y = RN_f32(1 / s).  The
+// sign of a zero quotient is quotient_f32's business.
+__device__ __forceinline__ float markstein_quotient_f32(float x, float s, float y) {
   const float q0 = mul_rn(x, y);
   // -s by its sign bit: a C++ negation compiles to an FADD.FTZ under -ftz=true.
   const float r = fma_rn(__uint_as_float(__float_as_uint(s) ^ 0x80000000u), q0, x);
-  return __uint_as_float(__float_as_uint(fma_rn(r, y, q0)) | (x_bits & 0x80000000u));
+  return fma_rn(r, y, q0);
+}
+
+// RN_f32(x / s) for x = the float32 with bits `x_bits`, y = reciprocal_rn_f32(s)
+// (the domain above).
+__device__ __forceinline__ float quotient_f32(uint32_t x_bits, float s, float y) {
+  const float q = markstein_quotient_f32(__uint_as_float(x_bits), s, y);
+  return __uint_as_float(__float_as_uint(q) | (x_bits & 0x80000000u));
 }
 
 // ---------------------------------------------------------------------------
@@ -325,18 +332,16 @@ __device__ __forceinline__ uint32_t round_up_pow2_bits(uint32_t b) {
 
 // RN_f32(a / 448) in float32 arithmetic for an amax a that is a 16-bit
 // value (bfloat16 or float16, widened) or the default min_amax: Markstein's
-// correction (see "Exact division in float32 arithmetic" above) with the
-// constant y = RN_f32(1 / 448): q0 = RN(a y), r = RN(a - 448 q0) (one FMA),
-// RN(q0 + r y) (one FMA).  One FMUL and two FFMAs where the float64 product
-// below takes a DMUL and an F2F.  Equal to RN_f32(a / 448) on every such a
+// correction (markstein_quotient_f32; see "Exact division in float32
+// arithmetic" above) with s = 448 and the constant y = RN_f32(1 / 448)
+// (a > 0: no sign to copy).  One FMUL and two FFMAs where the float64
+// product below takes a DMUL and an F2F.  Equal to RN_f32(a / 448) on every such a
 // (a CPU replay with exact rationals over all of them:
 // tests/test_quant_compile.py::test_division_by_448_replayed_on_16_bit_amax,
 // and on the GPU cuda_src/quant_check.cuh); not claimed for other float32 a.
 constexpr float kRcp448 = 0x1.24924ap-9f;           // RN_f32(1 / 448)
 __device__ __forceinline__ float div448_f32(float a) {
-  const float q0 = mul_rn(a, kRcp448);
-  const float r = fma_rn(-448.f, q0, a);
-  return fma_rn(r, kRcp448, q0);
+  return markstein_quotient_f32(a, 448.f, kRcp448);
 }
 
 // amax (float32 bits) -> scale, following the recipe at the top of the file.

@@ -297,9 +297,9 @@ def test_float32_quotient_replayed_on_16_bit_inputs(dtype):
 
 @pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16], ids=["bfloat16", "float16"])
 def test_division_by_448_replayed_on_16_bit_amax(dtype):
-    """quant.cuh's div448_f32 (the in-kernel forms' scale: q0 = RN(a y),
-    r = RN(a - 448 q0), RN(q0 + r y) with y = RN_f32(1 / 448)) replayed
-    with exact rationals on every finite amax of the dtype, clamped to the
+    """quant.cuh's div448_f32 (the in-kernel forms' scale: quotient_f32
+    with s = 448 and y = RN_f32(1 / 448)) replayed with exact rationals
+    (_quotient_f32_replayed) on every finite amax of the dtype, clamped to the
     default min_amax as the kernels clamp it: IEEE float32 division's bits
     (the reference's formula and, by the test below, the casts' float64
     product's) on all of them.  The GPU check (quant_check.cuh) compares
@@ -312,12 +312,8 @@ def test_division_by_448_replayed_on_16_bit_amax(dtype):
     bits = np.arange(0, 0x8000, dtype=np.uint16)
     amax = bits.view(dtype).astype(f32)
     amax = np.unique(np.maximum(amax[np.isfinite(amax)], f32(Q._DEFAULT_MIN_AMAX)))
-    fy = Fraction(float(y))
     for a in amax:
-        fa = Fraction(float(a))
-        q0 = _rn_f32(fa * fy)
-        r = _rn_f32(fa - 448 * Fraction(float(q0)))
-        q = _rn_f32(Fraction(float(r)) * fy + Fraction(float(q0)))
+        q = _quotient_f32_replayed(a, f32(448))
         assert q.view(np.uint32) == (a / f32(448)).view(np.uint32), (dtype, float(a))
 
 

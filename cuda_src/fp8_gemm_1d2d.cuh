@@ -57,6 +57,17 @@ __host__ __device__ constexpr uint32_t num_former_variants() {
   return 128u % BLOCK_N == 0 ? 1u : 128u / constexpr_gcd(BLOCK_N, 128u);
 }
 
+// 128-row blocks of B scales a tile can touch: one when BLOCK_N divides 128,
+// else those under its worst start (128 - gcd(BLOCK_N, 128) columns into a
+// block): two for 112, 144, 160, 192, three for 176 (the 2112-column
+// DeepSeek-V3 weights in 12 tiles).  With three, a tile's 8-column chunks
+// take the first row before `num_former`, the second for the next 16
+// chunks (128 columns) and the third after those.
+template <uint32_t BLOCK_N>
+__host__ __device__ constexpr uint32_t sfb_tile_rows() {
+  return 128u % BLOCK_N == 0 ? 1u : ceil_div(128u - constexpr_gcd(BLOCK_N, 128u) + BLOCK_N, 128u);
+}
+
 // Calls f(UConst<num_former>) for the tile starting at column n0, or
 // f(UConst<kRuntimeFormer>) when there are too many variants.
 template <uint32_t BLOCK_N, uint32_t V = 0, typename F>
@@ -97,9 +108,11 @@ struct SmemLayout {
   static constexpr uint32_t kX = kQuantARows * 128u * kQuantAXBytes;       // kQuantA: (kQuantARows, BLOCK_K) of x
   static constexpr uint32_t kB = BLOCK_N * 128u;                            // (BLOCK_N, BLOCK_K) e4m3
   static constexpr uint32_t kSFA = align_up(BLOCK_M * 4u, 128u);            // (BLOCK_M,) f32
-  // B scales: each of the 8 math warps keeps its own copy of the tile's two
-  // candidate rows, so only __syncwarp orders their writes and reads.
-  static constexpr uint32_t kSFB = align_up(8u * 2u * kNumKBlocks * 4u, 16u);  // (8 warps, 2, num_k_blocks) f32
+  // B scales: each of the 8 math warps keeps its own copy of the tile's
+  // candidate rows (two, or three for BLOCK_N = 176: sfb_tile_rows), so only
+  // __syncwarp orders their writes and reads.
+  static constexpr uint32_t kSFBRows = sfb_tile_rows<BLOCK_N>() < 2u ? 2u : sfb_tile_rows<BLOCK_N>();
+  static constexpr uint32_t kSFB = align_up(8u * kSFBRows * kNumKBlocks * 4u, 16u);  // (8 warps, rows, num_k_blocks) f32
   // BLOCK_M == 64 with two math warpgroups splits K between them; the
   // second hands its FP32 partial tile to the first through this buffer.
   static constexpr uint32_t kReduce = BLOCK_M == 64 && kNumMathWGs == 2 ? 64u * BLOCK_N * 4u : 0u;  // (BLOCK_N/2, 128) f32
@@ -170,8 +183,9 @@ struct GemmTraits {
   // Threads that hold a finished tile (and exchange it with split K).
   static constexpr uint32_t kNumHolderThreads = kSplitK ? 128 : kNumMathThreads;
   static constexpr uint32_t kNumSFBRows = ceil_div(SHAPE_N, 128u);   // 128-row blocks of B per group
-  // Rows of B scales one tile reads: two when it can straddle a 128-row boundary.
-  static constexpr uint32_t kSFBTileRows = 128u % BLOCK_N == 0 ? 1u : 2u;
+  // Rows of B scales one tile reads: two (three for 176) when it can
+  // straddle a 128-row boundary.
+  static constexpr uint32_t kSFBTileRows = sfb_tile_rows<BLOCK_N>();
   static constexpr uint32_t kNumAccum = BLOCK_N / 2;                   // f32 per thread per 64xBLOCK_N
   // K-loop unroll factor: 4 for the large tiles with at most two B-scale
   // boundary variants (256x128, 128x192: +1-3 % over 2 at M = 4096), 2
@@ -207,9 +221,11 @@ struct GemmTraits {
   static_assert(BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 256, "BLOCK_M must be 64, 128 or 256");
   static_assert(kNumMathWG == 2 || (kNumMathWG == 1 && BLOCK_M == 64), "one math warpgroup only with BLOCK_M = 64");
   static_assert(BLOCK_N % 8 == 0 && BLOCK_N >= 8 && BLOCK_N <= 256, "WGMMA N is a multiple of 8 in [8, 256]");
-  // A tile may straddle at most two 128-row blocks of B scales.
-  static_assert(BLOCK_N <= 128 || constexpr_gcd(BLOCK_N, 128) == BLOCK_N - 128,
-                "BLOCK_N would straddle more than two 128-row scale blocks");
+  // A tile may touch at most three 128-row blocks of B scales, and three
+  // only with a compile-time boundary per tile (num_former_variants <=
+  // kMaxFormerVariants: the promotion's second boundary is num_former + 16).
+  static_assert(kSFBTileRows <= 2 || (kSFBTileRows == 3 && num_former_variants<BLOCK_N>() <= kMaxFormerVariants),
+                "BLOCK_N would straddle more than three 128-row scale blocks, or three at a run-time boundary");
   static_assert((kWaves + 1) * kNumAccum <= 192, "accumulators would not fit in 232 registers");
   static_assert(kSwizzleDBytes == 0 || kSwizzleDBytes == 32 || kSwizzleDBytes == 64 || kSwizzleDBytes == 128,
                 "D swizzle is 0, 32, 64 or 128 bytes");
@@ -495,7 +511,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
     // Row (within the tile) of sub-tile `v` handled by this warpgroup.
     auto row_off = [&](uint32_t v) { return T::kSplitK ? 0u : v * 64 * kNumMathWG + warpgroup * 64; };
     PipeState<kNumStages> pipe;
-    float* warp_sfb = smem_sfb + (threadIdx.x / 32) * 2 * kNumKBlocks;   // this warp's B-scale copy
+    float* warp_sfb = smem_sfb + (threadIdx.x / 32) * Smem::kSFBRows * kNumKBlocks;   // this warp's B-scale copy
     // Low words of the WGMMA descriptors of stage 0's A rows (this
     // warpgroup's) and B tile.  Each WGMMA adds its stage / sub-tile / k byte
     // offset, in 16-byte units, to the start-address field (bits 0-13):
@@ -548,8 +564,10 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
         const uint32_t sfb_row0 = n0 / 128;
         const float* sfb_tile = sfb + (static_cast<uint64_t>(b_group) * T::kNumSFBRows + sfb_row0) * kNumKBlocks;
         constexpr uint32_t kCount = T::kSFBTileRows * kNumKBlocks;
-        // The second candidate row exists unless this is the last 128-row block.
-        const uint32_t valid = sfb_row0 + 1 < T::kNumSFBRows ? kCount : kNumKBlocks;
+        // The candidate rows past the last 128-row block of B do not exist
+        // (no column of the tile reads them: they stage zeros).
+        const uint32_t valid = T::kSFBTileRows == 3 ? constexpr_min(3u, T::kNumSFBRows - sfb_row0) * kNumKBlocks
+                               : sfb_row0 + 1 < T::kNumSFBRows ? kCount : kNumKBlocks;
         warp_copy_f32<kCount>(warp_sfb, sfb_tile, valid, lane);
         // 8-column chunks before the next 128-row boundary of B use the first
         // scale row; the rest (if the tile straddles) the second.
@@ -578,14 +596,19 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
           }
         };
         // Promotion: final += (SFA[row] * SFB[n-block]) * partial, in FP32.
-        auto promote = [&](const float* acc, float* fin, float sa0, float sa1, float sb0, float sb1,
+        // Chunk i (8 columns) takes B-scale row 0 before num_former, row 2
+        // from num_former + 16 on (three-row tiles only), row 1 between.
+        auto promote = [&](const float* acc, float* fin, float sa0, float sa1, const float (&sb)[3],
                            uint32_t num_former) {
-          const float s00 = mul_rn(sa0, sb0), s01 = mul_rn(sa0, sb1);
-          const float s10 = mul_rn(sa1, sb0), s11 = mul_rn(sa1, sb1);
+          const float s00 = mul_rn(sa0, sb[0]), s01 = mul_rn(sa0, sb[1]);
+          const float s10 = mul_rn(sa1, sb[0]), s11 = mul_rn(sa1, sb[1]);
+          const float s02 = T::kSFBTileRows == 3 ? mul_rn(sa0, sb[2]) : s01;
+          const float s12 = T::kSFBTileRows == 3 ? mul_rn(sa1, sb[2]) : s11;
           #pragma unroll
           for (uint32_t i = 0; i < kNumAccum / 4; ++i) {
             const bool former = i < num_former;
-            const float s0 = former ? s00 : s01, s1 = former ? s10 : s11;
+            const bool latter = T::kSFBTileRows == 3 && i >= num_former + 16;
+            const float s0 = former ? s00 : (latter ? s02 : s01), s1 = former ? s10 : (latter ? s12 : s11);
             fin[i * 4 + 0] = fma_rn(s0, acc[i * 4 + 0], fin[i * 4 + 0]);
             fin[i * 4 + 1] = fma_rn(s0, acc[i * 4 + 1], fin[i * 4 + 1]);
             fin[i * 4 + 2] = fma_rn(s1, acc[i * 4 + 2], fin[i * 4 + 2]);
@@ -609,7 +632,9 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
                 pipe.advance();
                 continue;
               }
-              const float sb0 = warp_sfb[kb], sb1 = T::kSFBTileRows == 2 ? warp_sfb[kNumKBlocks + kb] : sb0;
+              const float sb0 = warp_sfb[kb];
+              const float sb[3] = {sb0, T::kSFBTileRows >= 2 ? warp_sfb[kNumKBlocks + kb] : sb0,
+                                   T::kSFBTileRows == 3 ? warp_sfb[2 * kNumKBlocks + kb] : sb0};
               const uint32_t stage = pipe.stage;
               mbarrier_wait(full_bar + stage, pipe.phase);
               // Read this stage's A scales before the stage can be released.
@@ -628,7 +653,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
                 // Release after the last sub-tile's WGMMA, so the next TMA load
                 // overlaps the promotion.
                 if (v == kWaves - 1) release(stage);
-                promote(accum, final_accum[v], sa[v][0], sa[v][1], sb0, sb1, num_former);
+                promote(accum, final_accum[v], sa[v][0], sa[v][1], sb, num_former);
               }
               pipe.advance();
             }
@@ -656,8 +681,10 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
             auto finish = [&](float* acc, uint32_t stage, uint32_t kb, const float (&sa)[2]) {
               fence_acc(acc);
               release(stage);
-              const float sb0 = warp_sfb[kb], sb1 = T::kSFBTileRows == 2 ? warp_sfb[kNumKBlocks + kb] : sb0;
-              promote(acc, final_accum[0], sa[0], sa[1], sb0, sb1, num_former);
+              const float sb0 = warp_sfb[kb];
+              const float sb[3] = {sb0, T::kSFBTileRows >= 2 ? warp_sfb[kNumKBlocks + kb] : sb0,
+                                   T::kSFBTileRows == 3 ? warp_sfb[2 * kNumKBlocks + kb] : sb0};
+              promote(acc, final_accum[0], sa[0], sa[1], sb, num_former);
             };
             // Pairs of blocks: both issued, then the first waited for and
             // promoted while the second runs.  No group stays in flight across

@@ -14,9 +14,11 @@ Hard constraints (checked by :func:`is_legal`; the kernel static-asserts them)
   blocks), reducing through shared memory at the tile's end, or a single
   math warpgroup (``num_math_warpgroups`` = 1, ``w1``) runs every K block
   itself: no reduction, its 64*BN*4 bytes free for stages, any stage count.
-- ``block_n`` a multiple of 8 in [8, 256] (WGMMA m64nNk32) that straddles at
-  most two 128-row blocks of B scales: ``block_n <= 128`` or
-  ``gcd(block_n, 128) == block_n - 128`` (136, 144, 160, 192, 256 pass).
+- ``block_n`` a multiple of 8 in [8, 256] (WGMMA m64nNk32) whose tiles touch
+  at most three 128-row blocks of B scales (:func:`sfb_tile_rows`), and three
+  only where the boundary is a compile-time constant per tile (at most
+  MAX_BOUNDARY_VARIANTS values: ``gcd(block_n, 128) >= 16``): every
+  ``block_n <= 128``, then 136, 144, 160, 176, 192, 208, 224, 240, 256.
 - Registers: ``(waves + 1) * block_n / 2 <= 192`` FP32 values per math thread,
   so ``block_m`` = 256 needs ``block_n <= 128`` and otherwise ``block_n <= 192``.
 - Shared memory (:func:`smem_size`) ``<= smem_limit``; 3 to 16 stages, and at
@@ -44,10 +46,12 @@ Candidates
 ``block_m`` in (64, 128, 256) x ``block_n`` in
 :data:`BLOCK_N_CANDIDATES` = 8, 16, 24, ..., 128 (every multiple of 8: narrow
 and "unaligned" tiles such as 16, 56 and 112 are what fills 132 SMs at small
-M), then 144, 160, 192 (above 128 only multiples of 16 that pass the straddle
-rule; 136 is legal but left out, having no D swizzle; 256 passes the
-straddle rule but never the register rule) x multicast in (none, on A, on
-B).  Stages: the largest count that fits, capped at 16 (and even with
+M), then 144, 160, 176, 192 (above 128 only multiples of 16 that pass the
+straddle rule; 136 is legal but left out, having no D swizzle; 208-256 pass
+the straddle rule but never the register rule; 176, whose tiles touch three
+rows of B scales, is what splits the 2112-column weights into 12 tiles:
+384 tiles of 128x176 on 132 SMs fill 97 % of three waves, 352 of 128x192
+89 %) x multicast in (none, on A, on B).  Stages: the largest count that fits, capped at 16 (and even with
 ``block_m`` = 64).  Split K (x2) for ``block_m`` in SPLIT_K_BLOCK_MS (64,
 128) and ``block_n`` <= SPLIT_K_MAX_BLOCK_N (32) when the K blocks are even
 in number and twice the tiles fit in one wave of ``num_sms``: on the H200
@@ -148,7 +152,8 @@ C_TILE + BM*BN/64 is the per-tile B-scale load, syncs and D staging
   expected_m), after DeepGEMM's generation-2 "m >= 512" rule and its
   generation-3 "no multicast in one wave" rule.  Both sides are scored.
   Only the kinds in MULTICAST_KINDS consider it, for the tiles in
-  MULTICAST_TILES (see their comments).
+  MULTICAST_TILES, and the normal GEMM on B for the tiles in
+  NORMAL_MULTICAST_B_TILES (see their comments).
 - The DRAM roof (unique bytes / HBM bandwidth) is the same for every
   candidate of a shape and so is left out of the ranking.
 
@@ -187,7 +192,7 @@ MAX_STAGES = 16
 MIN_STAGES = 3
 REGISTER_LIMIT = 192         # FP32 accumulator registers per math thread
 BLOCK_M_CANDIDATES = (64, 128, 256)
-BLOCK_N_CANDIDATES = tuple(range(8, 129, 8)) + (144, 160, 192)
+BLOCK_N_CANDIDATES = tuple(range(8, 129, 8)) + (144, 160, 176, 192)
 
 
 # Cost-model constants (SM cycles, bytes); see the module docstring.
@@ -218,6 +223,17 @@ MULTICAST_KINDS = ("contiguous",)
 #: other tiles' multicast was -2..+8 % in the v0.3 sweep and has not been
 #: re-measured on the current kernel.  None: every tile (sweeps).
 MULTICAST_TILES = ((128, 192), (256, 128))
+#: The normal GEMM's B multicast, for these (BLOCK_M, BLOCK_N) tiles only (the
+#: cluster's two CTAs take two m-blocks of one n-block and share B's loads):
+#: measured on the H200 (benches/RESULTS.md v0.23, CUPTI after the benches'
+#: flush) 128x176 c2B against 128x176 at 4096x2112x7168 96.3 against 99.6 us,
+#: 8192x2112x7168 186.4 against 194.5, and against the picks it displaces
+#: 2048x7168x16384 338.5 against 256x112's 356.3, 2048x7168x2048 49.0
+#: against 50.6; in 1 s sustained loops at 4096x2112x7168 a tie (112.1
+#: against 113.7 us), at 8192 220.2 against 225.3 us and 9 % less energy.
+#: The 256x128 M = 4096 picks keep no multicast (A multicast there: a tie,
+#: v0.17-v0.18).
+NORMAL_MULTICAST_B_TILES = ((128, 176),)
 # Split K across a cluster of 2 (num_k_splits = 2): one wave only, BLOCK_M
 # 64 or 128, BLOCK_N <= 32, an even number of K blocks; C_SPLIT cycles per
 # tile for the DSMEM exchange of the FP32 partial tile (module docstring).
@@ -365,10 +381,11 @@ def smem_size(block_m: int, block_n: int, num_stages: int, k: int, num_k_splits:
       + (64*BN*4 if BM == 64 and 2 warpgroups)      the warpgroups' split-K reduction (FP32)
       + (align(BM*BN*4 + 16, 1024) if split)        cluster split-K partial tile (FP32) + 2 barriers
       + stages * (A + BN*128 + align(BM*4, 128) + X)  A, B, A scales, x
-      + align(64 * ceil(K/128), 16)                 B scales: 8 warps x 2 rows x whole K
+      + align(32 * R * ceil(K/128), 16)             B scales: 8 warps x R rows x whole K
       + (384 if quant_a else 256)                   barriers and misc
 
-    with A = BM*128 (FP8, BLOCK_K wide) and X = 0; or, when the kernel
+    with R = max(2, :func:`sfb_tile_rows` (BN)), A = BM*128 (FP8, BLOCK_K
+    wide) and X = 0; or, when the kernel
     quantises float activations itself (``quant_a``: their element size in
     bytes; gemm_fp8's one-kernel form, :func:`quant_a_config`), A = 8*128
     (the payload's 8 rows) and X = 8*128*quant_a (the same rows of x), and
@@ -380,7 +397,7 @@ def smem_size(block_m: int, block_n: int, num_stages: int, k: int, num_k_splits:
             + (64 * block_n * 4 if block_m == 64 and num_math_warpgroups == 2 else 0)
             + (_align(block_m * block_n * 4 + 16, 1024) if num_k_splits == 2 else 0)
             + num_stages * (a_bytes + block_n * BLOCK_K + _align(block_m * 4, 128) + x_bytes)
-            + _align(64 * _ceil_div(k, BLOCK_K), 16)
+            + _align(32 * max(2, sfb_tile_rows(block_n)) * _ceil_div(k, BLOCK_K), 16)
             + (384 if quant_a else 256))
 
 
@@ -554,8 +571,19 @@ def _runtime_boundary(block_n: int) -> bool:
     return 128 % block_n != 0 and 128 // math.gcd(block_n, 128) > MAX_BOUNDARY_VARIANTS
 
 
+def sfb_tile_rows(block_n: int) -> int:
+    """128-row blocks of B scales one ``block_n``-wide tile can touch (the
+    kernel's ``sfb_tile_rows``): 1 when ``block_n`` divides 128, else those
+    under the worst start, ``128 - gcd(block_n, 128)`` columns into a block
+    (2 for 112, 144, 160, 192; 3 for 176)."""
+    if 128 % block_n == 0:
+        return 1
+    return _ceil_div(128 - math.gcd(block_n, 128) + block_n, 128)
+
+
 def _straddle_ok(block_n: int) -> bool:
-    return block_n <= 128 or math.gcd(block_n, 128) == block_n - 128
+    rows = sfb_tile_rows(block_n)
+    return rows <= 2 or (rows == 3 and not _runtime_boundary(block_n))
 
 
 def _registers_ok(block_m: int, block_n: int) -> bool:
@@ -572,8 +600,8 @@ def candidate_block_ms(kind: str) -> tuple[int, ...]:
 
 
 def candidate_block_ns(block_m: int | None = None) -> tuple[int, ...]:
-    """BLOCK_N candidates: every multiple of 8 in [8, 128], then 144, 160 and
-    192 (multiples of 16 passing the B-scale straddle rule), restricted by the
+    """BLOCK_N candidates: every multiple of 8 in [8, 128], then 144, 160, 176
+    and 192 (multiples of 16 passing the B-scale straddle rule), restricted by the
     register rule when ``block_m`` is given (``block_m`` = 256: up to 128)."""
     if block_m is None:
         return BLOCK_N_CANDIDATES
@@ -597,7 +625,7 @@ class GemmConfig:
         kind: ``'normal'``, ``'contiguous'`` or ``'masked'``: the op.
         block_m: rows of one output tile (BLOCK_M): 64, 128 or 256.
         block_n: columns of one output tile (BLOCK_N): a multiple of 8 in
-            [8, 192]; the heuristic picks from 8, 16, ..., 128, 144, 160, 192.
+            [8, 192]; the heuristic picks from 8, 16, ..., 128, 144, 160, 176, 192.
         block_k: K extent of one pipeline stage, always 128 (one scale
             granule and one promotion interval).
         num_stages: depth of the TMA pipeline (shared-memory stages), 3 to 16.
@@ -749,7 +777,8 @@ def is_legal(config: GemmConfig | None = None, *, k: int | None = None,
     if bn % 8 != 0 or not 8 <= bn <= 256:
         return False, f"block_n must be a multiple of 8 in [8, 256], got {bn}"
     if not _straddle_ok(bn):
-        return False, f"block_n {bn} straddles more than two 128-row B-scale blocks"
+        return False, (f"block_n {bn} tiles straddle {sfb_tile_rows(bn)} 128-row B-scale blocks (at most 2, "
+                       f"or 3 with gcd(block_n, 128) >= 16)")
     if not _registers_ok(bm, bn):
         return False, (f"{bm}x{bn} needs {(_waves_per_warpgroup(bm) + 1) * bn // 2} "
                        f"accumulator registers per thread (> {REGISTER_LIMIT})")
@@ -1121,6 +1150,12 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit, warp_mma=True):
                 options.append((2, True, 1, stages))
                 if kind == "normal":
                     options.append((2, False, 1, stages))
+            # NORMAL_MULTICAST_B_TILES: the tile is ranked by its unicast
+            # score and, if it wins, runs with B multicast (the model's L2
+            # saving would otherwise prefer it over 256x128 where it measured
+            # 3-20 % slower).
+            upgrade_b = (kind == "normal" and (bm, bn) in NORMAL_MULTICAST_B_TILES and num_sms >= 2
+                         and rows_of_work >= MULTICAST_MIN_ROWS)
             if (SPLIT_K_ENABLED and bm in SPLIT_K_BLOCK_MS and bn <= SPLIT_K_MAX_BLOCK_N
                     and num_sms >= 2
                     and _ceil_div(k, BLOCK_K) % 2 == 0
@@ -1142,6 +1177,11 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit, warp_mma=True):
                     continue              # multicast only with more than one wave
                 score, work = _score(kind, bm, bn, st, mc, on_a, m_eff, n, k,
                                      groups, grid, num_experts=num_groups, splits=splits, wgs=wgs)
+                if upgrade_b and mc == 1 and splits == 1:
+                    executed_b = _executed_tiles(groups, mb, nb, 2, False)
+                    grid_b = min(num_sms - num_sms % 2, executed_b)
+                    if _ceil_div(executed_b, grid_b) > 1:
+                        mc, grid = 2, grid_b
                 cfg = make_config(kind, bm, bn, st, k, num_multicast=mc,
                                   multicast_on_a=on_a, num_k_splits=splits, num_sms=grid,
                                   num_math_warpgroups=wgs)

@@ -48,7 +48,8 @@ def check_choice(cfg: GemmConfig, kind, g, m, n, k, num_sms=132, smem_limit=SMEM
         assert cfg.num_stages % 2 == 0     # the two split K: each warpgroup owns its stages
     waves = max(1, bm // (64 * wgs))
     assert bn % 8 == 0 and 8 <= bn <= 256
-    assert bn <= 128 or math.gcd(bn, 128) == bn - 128, "B-scale straddle rule"
+    rows = cfgmod.sfb_tile_rows(bn)
+    assert rows <= 2 or (rows == 3 and math.gcd(bn, 128) >= 16), "B-scale straddle rule"
     assert (waves + 1) * bn / 2 <= 192, "register rule"
     splits = cfg.num_k_splits
     assert splits in (1, 2)
@@ -354,11 +355,14 @@ _RESULTS = Path(__file__).resolve().parents[1] / "benches" / "experiments"
 #: one-math-warpgroup twins: tools/perf/wg_sweep.py; CUPTI; then the masked
 #: shapes and normal M = 64, 128 with multicast candidates too:
 #: benches/sweep_configs.py --kinds masked,normal --ms 64,128 --top 4
-#: --split-k 3, sweep_v0.11_grouped.json).
+#: --split-k 3, sweep_v0.11_grouped.json); v0.23 (the 128x176 tile with and
+#: without B multicast against the picks at M = 1024-8192, CUPTI:
+#: tools/perf/variant_sweep.py, sweep_v0.23_176.json).
 #: Each shape is judged by the newest sweep that has it.
 SWEEP_PATHS = (_RESULTS / "sweep_v0.3.json", _RESULTS / "sweep_v0.5_splitk.json",
                _RESULTS / "sweep_v0.6_multicast.json", _RESULTS / "sweep_v0.8_decode.json",
-               _RESULTS / "sweep_v0.11_warpgroups.json", _RESULTS / "sweep_v0.11_grouped.json")
+               _RESULTS / "sweep_v0.11_warpgroups.json", _RESULTS / "sweep_v0.11_grouped.json",
+               _RESULTS / "sweep_v0.23_176.json")
 SWEEP_PATH = SWEEP_PATHS[0]
 #: A pick may be this much slower than the shape's fastest measured config.
 #: Run-to-run noise is 2-3 %; the worst pick today is 4.4 % off
@@ -377,9 +381,13 @@ SWEEP_TOLERANCE = 0.05
 #: (13.9-14.1 us; the model's per-K-block chain term makes the wide tile
 #: look compute-bound where both stream B at the same rate), and 64x56 s14
 #: w1 at 8x7168x2048 (7.57 against 7.26 us, 0.3 us).
+#: v0.23: 128x176 with B multicast beats the 256x112 pick at 2048x7168x16384
+#: (338.5 against 356.3 us) but loses 3-20 % on the other 256-row picks at
+#: M = 2048-8192, which the cost model does not tell apart, so B multicast
+#: stays on 128x176 picks only (NORMAL_MULTICAST_B_TILES).
 KNOWN_REGRETS = {"normal 128x4096x7168": 0.06, "normal 128x24576x1536": 0.06,
                  **{f"normal {m}x24576x1536": 0.05 for m in (1, 2, 4, 8, 16, 32)},
-                 "normal 8x7168x2048": 0.05}
+                 "normal 8x7168x2048": 0.05, "normal 2048x7168x16384": 0.06}
 
 
 def _sweep():
@@ -499,9 +507,16 @@ def test_min_stage_rule():
 
 def test_candidate_block_ns():
     all_ns = candidate_block_ns()
-    assert all_ns == tuple(range(8, 129, 8)) + (144, 160, 192)
+    assert all_ns == tuple(range(8, 129, 8)) + (144, 160, 176, 192)
     for bn in all_ns:
-        assert bn <= 128 or math.gcd(bn, 128) == bn - 128
+        assert cfgmod.sfb_tile_rows(bn) <= 2 or bn == 176
+    # tiles touch 1, 2 or 3 rows of B scales (the kernel's sfb_tile_rows): the
+    # worst start is 128 - gcd(BN, 128) columns into a 128-row block
+    assert [cfgmod.sfb_tile_rows(bn) for bn in (8, 64, 128, 112, 120, 136, 144, 160, 176, 192, 208, 256)] == \
+        [1, 1, 1, 2, 2, 2, 2, 2, 3, 2, 3, 2]
+    for bn in range(8, 257, 8):
+        worst = max((j * bn) % 128 for j in range(128))
+        assert cfgmod.sfb_tile_rows(bn) == (1 if 128 % bn == 0 else -(-(worst + bn) // 128)), bn
     assert max(candidate_block_ns(256)) == 128
     assert max(candidate_block_ns(128)) == max(candidate_block_ns(64)) == 192
     with pytest.raises(ValueError, match="block_m"):
@@ -509,15 +524,15 @@ def test_candidate_block_ns():
 
 
 def test_swizzle():
-    assert [swizzle_d_bytes(bn) for bn in (8, 16, 24, 32, 48, 64, 112, 120, 128, 144, 160, 192)] == \
-        [0, 32, 0, 64, 32, 128, 32, 0, 128, 32, 64, 128]
+    assert [swizzle_d_bytes(bn) for bn in (8, 16, 24, 32, 48, 64, 112, 120, 128, 144, 160, 176, 192)] == \
+        [0, 32, 0, 64, 32, 128, 32, 0, 128, 32, 64, 32, 128]
 
 
 @pytest.mark.parametrize("fields,reason", [
     (dict(block_m=96), "block_m"),
     (dict(block_m=64, block_n=64, num_stages=5), "even"),
     (dict(block_n=152), "straddle"),
-    (dict(block_n=176), "straddle"),
+    (dict(block_n=184), "straddle"),
     (dict(block_n=12), "multiple of 8"),
     (dict(block_n=264), "multiple of 8"),
     (dict(block_m=256, block_n=144), "register"),

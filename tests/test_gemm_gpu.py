@@ -153,6 +153,7 @@ def test_lattice_sweep(cp, m, n, k, seed):
 FORCED = [
     (64, 16, 6, 1, False), (64, 56, 8, 1, False), (64, 192, 4, 1, False),
     (128, 112, 5, 1, False), (128, 136, 4, 1, False), (128, 144, 4, 1, False), (128, 160, 4, 1, False),
+    (128, 176, 4, 1, False), (128, 176, 4, 2, True), (64, 176, 4, 1, False),
     (128, 192, 4, 2, True), (128, 128, 5, 2, False), (256, 128, 3, 2, True), (256, 128, 3, 2, False),
     (256, 112, 3, 1, False), (128, 8, 6, 2, True), (64, 24, 6, 2, False),
 ]
@@ -176,6 +177,43 @@ def test_forced_configs(cp, bm, bn, stages, mc, on_a, num_sms):
     ref, bound = H.reference_and_bound(cp, a, sfa, b, sfb)
     H.check_against(cp, out, ref, bound, what=str(cfg))
     assert H.guards_intact(cp, full, m, n)
+
+
+# BLOCK_N = 176: a tile touches up to three 128-row blocks of B scales
+# (_config.sfb_tile_rows).  n = 1424 puts tiles at all 8 offsets n0 % 128
+# (0, 48, 96, 16, 64, 112, 32, 80; three rows at 96 and 112) plus a 16-column
+# tail tile in the last block; n = 500 ends inside a three-row tile (n0 = 352)
+# whose third row is past the last block of B scales (staged as zeros, read
+# by no stored column).  The output must equal the Hopper promotion model
+# bit for bit (the kernel promotes in block order from cleared
+# accumulators), so a scale read from a neighbouring row cannot hide inside
+# the error bound; with 7 SMs each CTA runs many tiles of different offsets.
+THREE_ROW_TILES = [(128, 176, 4, 1, False), (128, 176, 4, 2, True), (128, 176, 4, 2, False)]
+
+
+@pytest.mark.parametrize("bm,bn,stages,mc,on_a", THREE_ROW_TILES)
+@pytest.mark.parametrize("m,n,k", [(130, 1424, 1040), (77, 500, 1040)])
+@pytest.mark.parametrize("num_sms", [132, 6])
+def test_three_scale_row_tiles_match_the_promotion_model(cp, bm, bn, stages, mc, on_a, m, n, k, num_sms):
+    from cugemm8 import reference as R
+    assert _config.sfb_tile_rows(bn) == 3
+    cfg = _config.make_config("normal", bm, bn, stages, k, num_multicast=mc, multicast_on_a=on_a,
+                              num_sms=num_sms)
+    ok, why = _config.is_legal(cfg, k=k)
+    assert ok, why
+    rng = np.random.default_rng(m * n + mc + num_sms)
+    a, sfa, b, sfb = H.make_operands(cp, rng, m, n, k)
+    out, full = H.poisoned_out(cp, m, n)
+    _gemm._launch(cfg, "normal", n, k, 1, m, m, a, cugemm8.get_col_major_tma_aligned_tensor(sfa), b, sfb,
+                  out, None, 1)
+    assert H.guards_intact(cp, full, m, n), f"{cfg}: a guard row/column was written"
+    model = R.promoted_accumulation_model(cp.asnumpy(a), cp.asnumpy(sfa), cp.asnumpy(b), cp.asnumpy(sfb),
+                                          tensor_core="hopper")
+    want = R.round_to_bf16(model).view(np.uint16)
+    got = cp.asnumpy(out.view(cp.uint16))
+    bad = np.argwhere(got != want)
+    assert bad.size == 0, (f"{cfg} m={m} n={n}: {len(bad)} outputs differ from the model, first at "
+                           f"{tuple(bad[0])} (column block {bad[0][1] // 128}, tile {bad[0][1] // bn})")
 
 
 # Split K across a CTA pair (num_k_splits = 2): both intra-CTA forms

@@ -83,7 +83,8 @@ def test_contiguous_sweep(cp, sizes, n, k, seed):
 # straddle two experts (or an expert and padding) and need the second pass.
 STRADDLING_SIZES = [128, 384, 0, 200, 256, 1, 129, 640]
 CONTIGUOUS_FORCED = [(256, 128, 3, 1, False), (256, 112, 3, 1, False), (256, 128, 3, 2, True),
-                     (128, 192, 4, 2, True), (128, 64, 4, 1, False), (64, 32, 8, 1, False)]
+                     (128, 192, 4, 2, True), (128, 64, 4, 1, False), (64, 32, 8, 1, False),
+                     (128, 176, 4, 1, False)]
 
 
 @pytest.mark.parametrize("bm,bn,stages,mc,on_a", CONTIGUOUS_FORCED)
@@ -236,7 +237,8 @@ def test_masked_sweep(cp, g, m_max, n, k, expected_m, data):
 
 
 @pytest.mark.parametrize("bm,bn,stages,mc,on_a", [(64, 32, 8, 1, False), (128, 144, 4, 2, True),
-                                                  (256, 112, 3, 2, True), (256, 128, 3, 1, False)])
+                                                  (256, 112, 3, 2, True), (256, 128, 3, 1, False),
+                                                  (128, 176, 4, 2, True)])
 def test_masked_forced_configs(cp, bm, bn, stages, mc, on_a):
     g, m_max, n, k = 3, 200, 1000, 640
     cfg = _config.make_config("masked", bm, bn, stages, k, num_multicast=mc, multicast_on_a=on_a, num_sms=132)

@@ -97,8 +97,12 @@ _KINDS = ("per_token", "per_block", "transpose_column", "transpose_block")
 def all_kernel_names() -> list:
     """Every instantiation the public functions can launch (for compile checks
     and ``cugemm8 warmup``): the transposing casts in their default
-    configuration."""
-    return [kernel_name(kind, dt, p) for kind in _KINDS for dt in _IN_DTYPES for p in (False, True)]
+    configuration and, for 16-bit inputs per column, the one-round one
+    (:func:`select_transpose_config`)."""
+    names = [kernel_name(kind, dt, p) for kind in _KINDS for dt in _IN_DTYPES for p in (False, True)]
+    names += [kernel_name("transpose_column", dt, p, ONE_ROUND_TRANSPOSE_CONFIG)
+              for dt in _IN_DTYPES if dt != "float32" for p in (False, True)]
+    return names
 
 
 # ----------------------------------------------------------------------------
@@ -162,6 +166,19 @@ _TRANSPOSE_CONFIGS = {
     ("transpose_block", True): (TransposeConfig(128, 1, 3),),
 }
 
+#: The per-column cast's configuration for 16-bit inputs whose tiles of the
+#: default (128 columns) all fit in its one round (at most ``ctas_per_sm``
+#: x SMs of them): 64-column tiles in rings of two, six CTAs per SM, the
+#: balanced grid, so each CTA's second tile loads while its first is cast
+#: instead of every load landing before any store.  Measured on the H200
+#: (benches/RESULTS.md v0.23, ``tools/perf/sweep_cast_t.py --extra-cases``,
+#: CUPTI, % of a same-size copy): [4096, 2048] bf16 77.5 against 75.5,
+#: fp16 78.7 against 75.5, [4096, 1536] 76.8 against 70.9, [2048, 2048] 73.6
+#: against 67.6; with two rounds or more ([4096, 4096], [8192, 2048],
+#: [4096, 7168]) the default stays 0.5-7 % faster.  Float32 inputs (64-column
+#: tiles already) keep theirs: 64c s1 x4 was the fastest at [4096, 2048] too.
+ONE_ROUND_TRANSPOSE_CONFIG = TransposeConfig(64, 2, 6, "balanced")
+
 _GRIDS = ("balanced", "full", "tiles")
 _SMEM_PER_SM = 228 * 1024           # sm_90
 _SMEM_RESERVED_PER_CTA = 1024
@@ -176,6 +193,20 @@ def transpose_configs(kind: str, dtype_name: str) -> tuple:
     if dtype_name not in _IN_DTYPES:
         raise ValueError(f"dtype_name must be one of {', '.join(_IN_DTYPES)}, got {dtype_name!r}")
     return _TRANSPOSE_CONFIGS[(kind, dtype_name == "float32")]
+
+
+def select_transpose_config(kind: str, dtype_name: str, tiles: int, num_sms: int) -> TransposeConfig:
+    """The configuration the transposing casts launch for an input of
+    ``tiles`` tiles of the default's 128 x ``tile_cols`` on ``num_sms`` SMs:
+    :data:`ONE_ROUND_TRANSPOSE_CONFIG` for a 16-bit input per column whose
+    tiles fit in the default's one round, else the default (the first of
+    :func:`transpose_configs`).  Raises ValueError on an unknown kind or
+    dtype."""
+    default = transpose_configs(kind, dtype_name)[0]
+    if (kind == "transpose_column" and dtype_name != "float32"
+            and tiles <= default.ctas_per_sm * max(num_sms, 1)):
+        return ONE_ROUND_TRANSPOSE_CONFIG
+    return default
 
 
 def _transpose_config(kind: str, dtype_name: str, config) -> TransposeConfig:
@@ -527,12 +558,17 @@ def _launch_cast_transpose(xk, out, sf, rows: int, cols: int, min_amax_f32, pow2
     ``[g, cols, ceil(rows/128)]`` (per column), ``[g, ceil(rows/128),
     ceil(cols/4)*4]`` (per column, ``mn_major``) or ``[g, ceil(cols/128),
     ceil(rows/128)]``, all C-contiguous.  ``config``: a
-    :class:`TransposeConfig` of :func:`transpose_configs` (default: the
-    first)."""
+    :class:`TransposeConfig` of :func:`transpose_configs` (default:
+    :func:`select_transpose_config`'s)."""
     kind = "transpose_column" if per_column else "transpose_block"
-    cfg = _transpose_config(kind, xk.dtype.name, config)
-    rb, ct = -(-rows // _GROUP), -(-cols // cfg.tile_cols)
     g = xk.shape[0] if xk.ndim == 3 else 1
+    rb = -(-rows // _GROUP)
+    if config is None:
+        default_tiles = g * rb * -(-cols // transpose_configs(kind, xk.dtype.name)[0].tile_cols)
+        cfg = select_transpose_config(kind, xk.dtype.name, default_tiles, _device.get_num_sms())
+    else:
+        cfg = _transpose_config(kind, xk.dtype.name, config)
+    ct = -(-cols // cfg.tile_cols)
     tiles = g * rb * ct
     if tiles > _INT32_MAX:
         raise ValueError(f"x shape {xk.shape} has {tiles} tiles of 128 x {cfg.tile_cols}; at most 2^31 - 1")

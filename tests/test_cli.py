@@ -192,7 +192,7 @@ def test_warmup_check_cache_reports_misses(tmp_path, monkeypatch, capsys):
     path = _shapes_file(tmp_path, [{"m": 64, "n": 2112, "k": 7168}])
     assert cli.main(["warmup", "--shapes", path, "--check-cache", "--num-sms", "132"]) == 1
     out = capsys.readouterr().out
-    assert "0 of 25 kernels" in out and "MISS: no entry for this kernel" in out   # 1 GEMM + 24 quantisers
+    assert "0 of 29 kernels" in out and "MISS: no entry for this kernel" in out   # 1 GEMM + 28 quantisers
     assert "NVRTC " in out and "CuPy " in out
 
 

@@ -51,7 +51,7 @@ def prebuilt(tmp_path_factory):
 def test_compile_only_writes_one_entry_per_kernel(prebuilt):
     cache, _, res = prebuilt
     from cugemm8 import quant
-    assert "25 of 25 kernels written to" in res.stdout, res.stdout
+    assert "29 of 29 kernels written to" in res.stdout, res.stdout
     metas = [json.loads(p.read_text()) for p in (cache / "cugemm8").glob("*.json")]
     assert sorted(m["name_expression"] for m in metas) == sorted([_gemm_name(), *quant.all_kernel_names()])
     for meta in metas:
@@ -62,7 +62,7 @@ def test_compile_only_writes_one_entry_per_kernel(prebuilt):
         text = json.dumps(key)
         assert str(REPO) not in text and "site-packages" not in text, text
     # progress went to stderr, one line per kernel when not on a terminal
-    assert res.stderr.count("compiled, ") == 25, res.stderr
+    assert res.stderr.count("compiled, ") == 29, res.stderr
 
 
 def test_second_process_loads_them_without_compiling(prebuilt):
@@ -80,10 +80,10 @@ def test_check_cache_and_a_second_compile_only_run(prebuilt):
     cache, shapes, _ = prebuilt
     res = subprocess.run([sys.executable, "-m", "cugemm8", "warmup", "--check-cache", "--shapes", str(shapes)],
                          env=_env(cache), capture_output=True, text=True, timeout=300, cwd=str(REPO))
-    assert res.returncode == 0 and "25 of 25 kernels" in res.stdout, res.stdout + res.stderr
+    assert res.returncode == 0 and "29 of 29 kernels" in res.stdout, res.stdout + res.stderr
     res = subprocess.run([sys.executable, "-m", "cugemm8", "warmup", "--compile-only", "--shapes", str(shapes)],
                          env=_env(cache), capture_output=True, text=True, timeout=300, cwd=str(REPO))
-    assert res.returncode == 0 and res.stdout.count("cached, ") == 25, res.stdout
+    assert res.returncode == 0 and res.stdout.count("cached, ") == 29, res.stdout
 
 
 def test_check_cache_names_the_nvrtc_mismatch(prebuilt, monkeypatch, capsys):
@@ -96,7 +96,7 @@ def test_check_cache_names_the_nvrtc_mismatch(prebuilt, monkeypatch, capsys):
     monkeypatch.setattr(_jit, "_nvrtc_release", ["99.1.2"])
     assert cli.main(["warmup", "--check-cache", "--shapes", str(shapes), "--num-sms", "132"]) == 1
     out = capsys.readouterr().out
-    assert "0 of 25 kernels" in out and f"nvrtc (here 99.1.2, entry {here})" in out, out
+    assert "0 of 29 kernels" in out and f"nvrtc (here 99.1.2, entry {here})" in out, out
 
 
 def test_cubin_does_not_depend_on_the_other_include_paths():

@@ -559,7 +559,7 @@ def test_per_block_threads_cover_each_tile_once(n, k, itemsize):
 
 def test_kernel_names():
     names = Q.all_kernel_names()
-    assert len(names) == len(set(names)) == 24
+    assert len(names) == len(set(names)) == 28     # 4 kinds x 3 dtypes x pow2, + the one-round 16-bit casts
     assert Q.kernel_name("transpose_column", "float32", False) == \
         "cugemm8::cast_transpose_kernel<cugemm8::InDtype::kFloat32, false, true, 64, 1, 4>"
     assert Q.kernel_name("transpose_block", "bfloat16", True, Q.TransposeConfig(128, 1, 4)) == \
@@ -806,6 +806,21 @@ def test_cast_transpose_launch_geometry(monkeypatch):
     assert Q.transpose_configs("transpose_column", "float32")[0] == (64, 1, 4, "tiles")
     assert Q.transpose_configs("transpose_block", "bfloat16")[0] == (128, 1, 4, "tiles")
     assert Q.transpose_configs("transpose_block", "float32")[0] == (128, 1, 3, "balanced")
+    # one round of the default's tiles (<= 4 x SMs), 16-bit per column: the
+    # one-round configuration (benches/RESULTS.md v0.23); it is built and warmed
+    one = Q.ONE_ROUND_TRANSPOSE_CONFIG
+    assert one in Q.transpose_configs("transpose_column", "bfloat16")
+    for dt in ("bfloat16", "float16"):
+        assert Q.select_transpose_config("transpose_column", dt, 512, 132) == one      # [4096, 2048]
+        assert Q.select_transpose_config("transpose_column", dt, 528, 132) == one
+        assert Q.select_transpose_config("transpose_column", dt, 529, 132)[:3] == (128, 1, 4)
+        assert Q.select_transpose_config("transpose_column", dt, 1024, 132)[:3] == (128, 1, 4)  # [4096, 4096]
+        assert Q.select_transpose_config("transpose_column", dt, 8, 2) == one          # set_num_sms(2)
+        assert Q.kernel_name("transpose_column", dt, False, one) in Q.all_kernel_names()
+    assert Q.select_transpose_config("transpose_column", "float32", 64, 132)[:3] == (64, 1, 4)
+    assert Q.select_transpose_config("transpose_block", "bfloat16", 64, 132)[:3] == (128, 1, 4)
+    with pytest.raises(ValueError, match="kind"):
+        Q.select_transpose_config("per_token", "bfloat16", 64, 132)
     cfg = Q.TransposeConfig(128, 2, 3)
     # [4096, 7168] bf16: 1792 tiles, 5 rounds of <= 396 CTAs -> 359 CTAs of 5 (three of 4);
     # float32 (64-column tiles): 3584 tiles, 10 rounds -> 359; [4096, 2048]: 512 tiles, 2 rounds -> 256

@@ -99,12 +99,18 @@ def plan_warmup(shapes: list[Shape], num_sms: int) -> tuple[list[WarmupJob], lis
 
 def quant_jobs() -> list[WarmupJob]:
     """The quantiser kernels (forward and transposing casts, every input
-    dtype, with and without pow2 scales)."""
+    dtype, with and without pow2 scales; the per-column transposing cast of
+    16-bit inputs also in its one-round configuration)."""
     from .. import quant
+    one = quant.ONE_ROUND_TRANSPOSE_CONFIG
     return [WarmupJob(quant.kernel_name(kind, dtype, pow2), f"quant {kind} {dtype}{' pow2' if pow2 else ''}",
                       0, ["quantiser"], header=quant._HEADER)
             for kind in quant._KINDS for dtype in ("float32", "float16", "bfloat16")
-            for pow2 in (False, True)]
+            for pow2 in (False, True)] + [
+        WarmupJob(quant.kernel_name("transpose_column", dtype, pow2, one),
+                  f"quant transpose_column {dtype}{' pow2' if pow2 else ''} {one.label()}",
+                  0, ["quantiser"], header=quant._HEADER)
+        for dtype in ("float16", "bfloat16") for pow2 in (False, True)]
 
 
 def _compile_only(job: WarmupJob) -> tuple[float, str]:

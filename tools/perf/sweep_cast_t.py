@@ -2,6 +2,7 @@
 built configuration, then their times against a same-size copy and v0.10.
 
     python3 tools/perf/sweep_cast_t.py --out DIR [--reps 30] [--passes 2] [--budget-s 80]
+                                       [--skip-checks] [--extra-cases]
 
 1. Every kernel the sweep launches is compiled first, in threads.
 2. Exactness: every configuration of ``quant.transpose_configs`` (both
@@ -69,6 +70,18 @@ CASES = (("per_token_t [4096, 7168] bf16", "transpose_column", "bfloat16", (4096
          ("per_token_t [4096, 2048] bf16", "transpose_column", "bfloat16", (4096, 2048)),
          ("cast_transpose [7168, 7168] bf16", "transpose_block", "bfloat16", (7168, 7168)),
          ("per_token_t [4096, 7168] fp32", "transpose_column", "float32", (4096, 7168)))
+
+#: More timed cases (``--extra-cases``): the one-round inputs (at most 4 x 132
+#: tiles of 128 x 128, the default's one wave) beside larger ones, to decide
+#: the grid of small inputs.
+EXTRA_CASES = (("per_token_t [2048, 2048] bf16", "transpose_column", "bfloat16", (2048, 2048)),
+               ("per_token_t [4096, 1536] bf16", "transpose_column", "bfloat16", (4096, 1536)),
+               ("per_token_t [4096, 2048] fp16", "transpose_column", "float16", (4096, 2048)),
+               ("per_token_t [4096, 4096] bf16", "transpose_column", "bfloat16", (4096, 4096)),
+               ("per_token_t [8192, 2048] bf16", "transpose_column", "bfloat16", (8192, 2048)),
+               ("per_token_t [4096, 2048] fp32", "transpose_column", "float32", (4096, 2048)),
+               ("cast_transpose [2048, 7168] bf16", "transpose_block", "bfloat16", (2048, 7168)),
+               ("cast_transpose [2048, 2048] bf16", "transpose_block", "bfloat16", (2048, 2048)))
 
 #: (shape, pow2) of the exactness checks; NaN / Inf are placed by _check_input
 CHECK_SHAPES = (((2, 300, 520), False), ((129, 257), True), ((1, 16), False), ((3, 128, 136), True))
@@ -422,6 +435,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=80.0,
                     help="CUPTI timing stops once this many seconds have passed (events continue)")
     ap.add_argument("--skip-checks", action="store_true", help="skip the awkward-shape exactness checks")
+    ap.add_argument("--extra-cases", action="store_true", help="also time EXTRA_CASES (smaller and one-round inputs)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     out_dir = Path(args.out)
@@ -454,7 +468,7 @@ def main(argv=None) -> int:
     log(f"large D2D copy ceiling: {ceiling:.0f} GB/s (2 GB, read + write); %copy: the same-size copy's time "
         f"over the variant's (same method); %ceil: GB/s over the ceiling")
     case_fails = []
-    for label, kind, dt, shape in CASES:
+    for label, kind, dt, shape in CASES + (EXTRA_CASES if args.extra_cases else ()):
         try:
             res = time_case(label, kind, dt, shape, args, flush, ceiling, t0 + args.budget_s, log, case_fails)
             report["cases"].append(res)

@@ -1,7 +1,7 @@
 """Energy per GEMM under sustained load, beside DeepGEMM (issue 20; one GPU call).
 
     python benches/bench_energy.py [--ms 4096] [--seconds 1.0] [--rounds 2] [--deepgemm]
-                                   [--configs "256x128 s3 c2,..."] [--json OUT]
+                                   [--configs "256x128 s3 c2,..."] [--nk 2112x7168,...] [--json OUT]
 
 At M = 4096 both libraries run against the H200's power cap, so the clock a
 kernel is allowed and the joules it spends per GEMM decide its speed more
@@ -112,8 +112,17 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=_positive_int, default=2, help="alternations of the libraries per shape")
     p.add_argument("--deepgemm", action="store_true", help="time DeepGEMM's fp8_gemm_nt beside")
     p.add_argument("--configs", default="", help="forced cugemm8 configs to run too, comma-separated")
+    p.add_argument("--nk", default="", help="only these (N, K) pairs, e.g. '2112x7168,7168x2048' (default: all six)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    nk_pairs = list(DEEPSEEK_NK[:6])
+    if args.nk:
+        try:
+            nk_pairs = [tuple(int(v) for v in pair.lower().split("x")) for pair in args.nk.split(",") if pair]
+        except ValueError:
+            p.error(f"--nk: pairs like '2112x7168', got {args.nk!r}")
+        if any(len(pair) != 2 for pair in nk_pairs):
+            p.error(f"--nk: pairs like '2112x7168', got {args.nk!r}")
     from cugemm8 import _device
     reason = _device.gpu_unavailable_reason()
     if reason is not None:
@@ -135,7 +144,7 @@ def main(argv=None) -> int:
             dg = deepgemm_anchor
     records, rows = [], []
     for m in (int(x) for x in args.ms.split(",") if x):
-        for n, k in DEEPSEEK_NK[:6]:
+        for n, k in nk_pairs:
             shape = Shape("normal", m, n, k)
             ops = make_operands(shape, cp, seed=m + n + k)
             ref, _ = reference(ops, shape, cp)

@@ -182,7 +182,7 @@ def test_forced_configs(cp, bm, bn, stages, mc, on_a, num_sms):
 # BLOCK_N = 176: a tile touches up to three 128-row blocks of B scales
 # (_config.sfb_tile_rows).  n = 1424 puts tiles at all 8 offsets n0 % 128
 # (0, 48, 96, 16, 64, 112, 32, 80; three rows at 96 and 112) plus a 16-column
-# tail tile in the last block; n = 500 ends inside a three-row tile (n0 = 352)
+# tail tile in the last block; n = 504 ends inside a three-row tile (n0 = 352)
 # whose third row is past the last block of B scales (staged as zeros, read
 # by no stored column).  The output must equal the Hopper promotion model
 # bit for bit (the kernel promotes in block order from cleared
@@ -192,7 +192,7 @@ THREE_ROW_TILES = [(128, 176, 4, 1, False), (128, 176, 4, 2, True), (128, 176, 4
 
 
 @pytest.mark.parametrize("bm,bn,stages,mc,on_a", THREE_ROW_TILES)
-@pytest.mark.parametrize("m,n,k", [(130, 1424, 1040), (77, 500, 1040)])
+@pytest.mark.parametrize("m,n,k", [(130, 1424, 1040), (77, 504, 1040)])   # n: a multiple of 8 (the op's rule)
 @pytest.mark.parametrize("num_sms", [132, 6])
 def test_three_scale_row_tiles_match_the_promotion_model(cp, bm, bn, stages, mc, on_a, m, n, k, num_sms):
     from cugemm8 import reference as R

@@ -121,7 +121,7 @@ def main(argv=None) -> int:
             nk_pairs = [tuple(int(v) for v in pair.lower().split("x")) for pair in args.nk.split(",") if pair]
         except ValueError:
             p.error(f"--nk: pairs like '2112x7168', got {args.nk!r}")
-        if any(len(pair) != 2 for pair in nk_pairs):
+        if not nk_pairs or any(len(pair) != 2 for pair in nk_pairs):
             p.error(f"--nk: pairs like '2112x7168', got {args.nk!r}")
     from cugemm8 import _device
     reason = _device.gpu_unavailable_reason()

@@ -227,12 +227,17 @@ MULTICAST_TILES = ((128, 192), (256, 128))
 #: cluster's two CTAs take two m-blocks of one n-block and share B's loads):
 #: measured on the H200 (benches/RESULTS.md v0.23, CUPTI after the benches'
 #: flush) 128x176 c2B against 128x176 at 4096x2112x7168 96.3 against 99.6 us,
-#: 8192x2112x7168 186.4 against 194.5, and against the picks it displaces
-#: 2048x7168x16384 338.5 against 256x112's 356.3, 2048x7168x2048 49.0
-#: against 50.6; in 1 s sustained loops at 4096x2112x7168 a tie (112.1
-#: against 113.7 us), at 8192 220.2 against 225.3 us and 9 % less energy.
-#: The 256x128 M = 4096 picks keep no multicast (A multicast there: a tie,
-#: v0.17-v0.18).
+#: 8192x2112x7168 186.4 against 194.5; in 1 s sustained loops at
+#: 4096x2112x7168 a tie (112.1 against 113.7 us), at 8192 220.2 against
+#: 225.3 us and 9 % less energy.  Forced in place of other picks it was
+#: 3-20 % slower than the 256x128 / 128x144 picks at M = 2048-8192 (four of
+#: the six DeepSeek-V3 (N, K)) and faster only at K = 16384 (1-2 %) and at
+#: 2048x7168 (K = 2048 3 %, K = 16384 5 %), so _rank ranks the tile by its
+#: unicast score and multicasts only where it already won: among the
+#: benchmark shapes, 4096x2112x7168 and 8192x2112x7168.  Other normal
+#: shapes where 128x176 wins the ranking (e.g. 4096x2112x2048,
+#: 8192x1056x7168) get the multicast unmeasured.  The 256x128 M = 4096
+#: picks keep no multicast (A multicast there: a tie, v0.17-v0.18).
 NORMAL_MULTICAST_B_TILES = ((128, 176),)
 # Split K across a cluster of 2 (num_k_splits = 2): one wave only, BLOCK_M
 # 64 or 128, BLOCK_N <= 32, an even number of K blocks; C_SPLIT cycles per

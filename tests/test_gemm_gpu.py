@@ -187,7 +187,7 @@ def test_forced_configs(cp, bm, bn, stages, mc, on_a, num_sms):
 # by no stored column).  The output must equal the Hopper promotion model
 # bit for bit (the kernel promotes in block order from cleared
 # accumulators), so a scale read from a neighbouring row cannot hide inside
-# the error bound; with 7 SMs each CTA runs many tiles of different offsets.
+# the error bound; with 6 SMs each CTA runs many tiles of different offsets.
 THREE_ROW_TILES = [(128, 176, 4, 1, False), (128, 176, 4, 2, True), (128, 176, 4, 2, False)]
 
 

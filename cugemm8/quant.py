@@ -94,15 +94,22 @@ def kernel_name(kind: str, dtype_name: str, pow2_scale: bool, config: "Transpose
 _KINDS = ("per_token", "per_block", "transpose_column", "transpose_block")
 
 
-def all_kernel_names() -> list:
-    """Every instantiation the public functions can launch (for compile checks
-    and ``cugemm8 warmup``): the transposing casts in their default
-    configuration and, for 16-bit inputs per column, the one-round one
+def launched_kernels() -> list:
+    """``(kind, dtype_name, pow2, config)`` of every instantiation the public
+    functions can launch: each kind, input dtype and pow2 setting (the
+    transposing casts in their default configuration, ``config`` None) and,
+    for 16-bit inputs per column, the one-round configuration
     (:func:`select_transpose_config`)."""
-    names = [kernel_name(kind, dt, p) for kind in _KINDS for dt in _IN_DTYPES for p in (False, True)]
-    names += [kernel_name("transpose_column", dt, p, ONE_ROUND_TRANSPOSE_CONFIG)
-              for dt in _IN_DTYPES if dt != "float32" for p in (False, True)]
-    return names
+    out = [(kind, dt, p, None) for kind in _KINDS for dt in _IN_DTYPES for p in (False, True)]
+    out += [("transpose_column", dt, p, ONE_ROUND_TRANSPOSE_CONFIG)
+            for dt in _IN_DTYPES if dt != "float32" for p in (False, True)]
+    return out
+
+
+def all_kernel_names() -> list:
+    """The names of :func:`launched_kernels` (for compile checks and
+    ``cugemm8 warmup``)."""
+    return [kernel_name(*entry) for entry in launched_kernels()]
 
 
 # ----------------------------------------------------------------------------
@@ -207,6 +214,13 @@ def select_transpose_config(kind: str, dtype_name: str, tiles: int, num_sms: int
             and tiles <= default.ctas_per_sm * max(num_sms, 1)):
         return ONE_ROUND_TRANSPOSE_CONFIG
     return default
+
+
+def _default_tiles(kind: str, dtype_name: str, g: int, rows: int, cols: int) -> int:
+    """Tiles of 128 rows x the default configuration's ``tile_cols`` in ``g``
+    matrices of ``rows x cols`` (what :func:`select_transpose_config` and the
+    2^31 tile limit count)."""
+    return g * -(-rows // _GROUP) * -(-cols // transpose_configs(kind, dtype_name)[0].tile_cols)
 
 
 def _transpose_config(kind: str, dtype_name: str, config) -> TransposeConfig:
@@ -530,10 +544,10 @@ def _cast_transposed(name: str, x, min_amax, pow2_scale, per_column: bool, mn_ma
     g = lead[0] if lead else 1
     rb, cb = -(-rows // _GROUP), -(-cols // _GROUP)
     kind = "transpose_column" if per_column else "transpose_block"
-    tile_cols = transpose_configs(kind, x.dtype.name)[0].tile_cols
-    tiles = g * rb * -(-cols // tile_cols)
+    tiles = _default_tiles(kind, x.dtype.name, g, rows, cols)
     if tiles > _INT32_MAX:                # before any copy or allocation
-        raise ValueError(f"{name} shape {x.shape} has {tiles} tiles of 128 x {tile_cols}; at most 2^31 - 1")
+        raise ValueError(f"{name} shape {x.shape} has {tiles} tiles of 128 x "
+                         f"{transpose_configs(kind, x.dtype.name)[0].tile_cols}; at most 2^31 - 1")
     xk = _in_place_or_copy(_pad_k(name, x, cupy), cupy)   # whole 16-byte loads; cols stays the true count
     r_pad = padded_k(rows)
     out = cupy.empty((g, cols, r_pad), dtype=np.uint8)
@@ -564,8 +578,8 @@ def _launch_cast_transpose(xk, out, sf, rows: int, cols: int, min_amax_f32, pow2
     g = xk.shape[0] if xk.ndim == 3 else 1
     rb = -(-rows // _GROUP)
     if config is None:
-        default_tiles = g * rb * -(-cols // transpose_configs(kind, xk.dtype.name)[0].tile_cols)
-        cfg = select_transpose_config(kind, xk.dtype.name, default_tiles, _device.get_num_sms())
+        cfg = select_transpose_config(kind, xk.dtype.name, _default_tiles(kind, xk.dtype.name, g, rows, cols),
+                                      _device.get_num_sms())
     else:
         cfg = _transpose_config(kind, xk.dtype.name, config)
     ct = -(-cols // cfg.tile_cols)

@@ -102,15 +102,10 @@ def quant_jobs() -> list[WarmupJob]:
     dtype, with and without pow2 scales; the per-column transposing cast of
     16-bit inputs also in its one-round configuration)."""
     from .. import quant
-    one = quant.ONE_ROUND_TRANSPOSE_CONFIG
-    return [WarmupJob(quant.kernel_name(kind, dtype, pow2), f"quant {kind} {dtype}{' pow2' if pow2 else ''}",
+    return [WarmupJob(quant.kernel_name(kind, dtype, pow2, cfg),
+                      f"quant {kind} {dtype}{' pow2' if pow2 else ''}{f' {cfg.label()}' if cfg else ''}",
                       0, ["quantiser"], header=quant._HEADER)
-            for kind in quant._KINDS for dtype in ("float32", "float16", "bfloat16")
-            for pow2 in (False, True)] + [
-        WarmupJob(quant.kernel_name("transpose_column", dtype, pow2, one),
-                  f"quant transpose_column {dtype}{' pow2' if pow2 else ''} {one.label()}",
-                  0, ["quantiser"], header=quant._HEADER)
-        for dtype in ("float16", "bfloat16") for pow2 in (False, True)]
+            for kind, dtype, pow2, cfg in quant.launched_kernels()]
 
 
 def _compile_only(job: WarmupJob) -> tuple[float, str]:

@@ -2,9 +2,9 @@
 
     python benches/bench_decode.py [--ms 1,2,4,8,16,32,64,128] [--reps 30] [--passes 2]
                                    [--deepgemm] [--sweep 1,8,32,64,128] [--sweep-kind full|multicast]
-                                   [--flush write|read] [--json OUT]
+                                   [--flush write|read] [--nk 576x7168,...] [--json OUT]
 
-Per (M, N, K), from one process: the config cugemm8 picks; its kernel time
+Per (M, N, K) (the six DeepSeek-V3 (N, K) pairs, or ``--nk``'s), from one process: the config cugemm8 picks; its kernel time
 (CUPTI through torch.profiler when torch is installed, else CUDA events),
 median over ``--passes`` interleaved passes of ``--reps`` repetitions, a
 256 MB L2 flush before each (``--flush write``, the default and DeepGEMM's
@@ -102,9 +102,19 @@ def main(argv=None) -> int:
     p.add_argument("--flush", choices=("write", "read"), default="write",
                    help="L2 flush before each repetition: a 256 MB write (dirty lines, DeepGEMM's "
                         "method) or read (clean lines)")
+    p.add_argument("--nk", default="",
+                   help="(N, K) pairs to time instead of the six DeepSeek-V3 ones, e.g. 576x7168,1536x7168")
     p.add_argument("--sweep-kind", choices=("full", "multicast"), default="full",
                    help="full: the candidates above; multicast: only the pick's multicast twins")
     args = p.parse_args(argv)
+    nks = DEEPSEEK_NK[:6]
+    if args.nk:
+        try:
+            nks = [tuple(int(v) for v in pair.split("x")) for pair in args.nk.split(",") if pair]
+        except ValueError:
+            p.error(f"--nk takes NxK pairs separated by commas, got {args.nk!r}")
+        if not nks or any(len(nk) != 2 or min(nk) < 1 for nk in nks):
+            p.error(f"--nk takes NxK pairs of positive integers, got {args.nk!r}")
 
     from cugemm8 import _device, _jit, gemm as G
     reason = _device.gpu_unavailable_reason()
@@ -115,7 +125,6 @@ def main(argv=None) -> int:
     import cugemm8
     ms = [int(x) for x in args.ms.split(",") if x]
     sweep_ms = {int(x) for x in args.sweep.split(",") if x}
-    nks = DEEPSEEK_NK[:6]
     num_sms = cugemm8.get_num_sms()
     sweep_of = multicast_candidates if args.sweep_kind == "multicast" else sweep_candidates
     copy_gbps = common.copy_bandwidth_gbps()

@@ -19,7 +19,7 @@ reports per library the median over rounds of
   joule / 1e12), and the SM clock (NVML, sampled every 20 ms while the loop
   runs, median).
 
-``--configs`` adds forced cugemm8 configurations ('BMxBN sS [w1] [c2|c2B|k2]',
+``--configs`` adds forced cugemm8 configurations ('BMxBN sS [w1] [c2|c2B|k2|k4]',
 ``c2`` multicasting A; each with the largest legal grid, skipped where
 illegal) as further entries of the alternation, e.g. to decide a multicast
 on energy and sustained time rather than on one cold-L2 reading.

@@ -61,7 +61,7 @@ def _m(shape: Shape) -> int:
 
 
 def parse_config(text: str, shape: Shape, num_sms: int):
-    """A GemmConfig from 'BMxBN sS [w1] [c2|c2B|k2]' with the largest legal grid, or None."""
+    """A GemmConfig from 'BMxBN sS [w1] [c2|c2B|k2|k4]' with the largest legal grid, or None."""
     from cugemm8 import _tune
     return _tune.parse_config(text, shape.kind, _m(shape), shape.n, shape.k, shape.num_groups, num_sms)
 

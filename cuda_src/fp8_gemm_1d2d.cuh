@@ -20,10 +20,12 @@
 //   inside the tensor core;
 // * persistent CTAs walking a rasterised tile order (scheduler.cuh), optional
 //   TMA multicast of A or B across a cluster of two;
-// * or, for small M, split K across a cluster of two (kNumKSplits): both CTAs
-//   take the same tile, each runs half of the K blocks, and the second sends
-//   its FP32 partial tile into the first's shared memory (st.async, completing
-//   on an mbarrier), which adds it and stores the tile;
+// * or, for small M, split K across a cluster of two or four (kNumKSplits):
+//   every CTA of the cluster takes the same tile and its share of the K
+//   blocks, and the FP32 partial tiles meet in rank 0 by st.async into a
+//   peer's shared memory (completing on an mbarrier): with two, rank 1 sends
+//   to rank 0; with four, a tree (ranks 1 and 3 send to 0 and 2, then 2 to 0),
+//   so the sum is (p0 + p1) + (p2 + p3) on every run; rank 0 stores the tile;
 // * epilogue: BF16 through swizzled shared memory and TMA stores that overlap
 //   the next tile's main loop.
 #pragma once
@@ -116,11 +118,11 @@ struct SmemLayout {
   // BLOCK_M == 64 with two math warpgroups splits K between them; the
   // second hands its FP32 partial tile to the first through this buffer.
   static constexpr uint32_t kReduce = BLOCK_M == 64 && kNumMathWGs == 2 ? 64u * BLOCK_N * 4u : 0u;  // (BLOCK_N/2, 128) f32
-  // Split K across the cluster: rank 1's FP32 partial tile lands here in
-  // rank 0, followed by the two barriers of the exchange (full: in rank 0,
-  // empty: in rank 1).
-  static constexpr uint32_t kClusterRedData = kNumKSplits == 2 ? BLOCK_M * BLOCK_N * 4u : 0u;
-  static constexpr uint32_t kClusterRed = kNumKSplits == 2 ? align_up(kClusterRedData + 16u, 1024u) : 0u;
+  // Split K across the cluster: a peer's FP32 partial tile lands here in a
+  // receiving rank (0, and 2 of four), followed by the two barriers of the
+  // exchange (full: the receiver's, empty: the sender's).
+  static constexpr uint32_t kClusterRedData = kNumKSplits > 1 ? BLOCK_M * BLOCK_N * 4u : 0u;
+  static constexpr uint32_t kClusterRed = kNumKSplits > 1 ? align_up(kClusterRedData + 16u, 1024u) : 0u;
   static constexpr uint32_t kOffReduce = kD;
   static constexpr uint32_t kOffClusterRed = kD + kReduce;
   static constexpr uint32_t kOffClusterBar = kOffClusterRed + kClusterRedData;
@@ -162,9 +164,10 @@ struct GemmTraits {
   static constexpr uint32_t kNumMathThreads = 128 * kNumMathWG;
   static constexpr uint32_t kNumThreads = kNumMathThreads + 128;
   static constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, BLOCK_K);
-  // Cluster: multicast pairs or split-K pairs (never both).  With split K,
-  // rank 0 runs K blocks [0, kKBlocksRank0) and rank 1 the remaining
-  // kKBlocksRank1 (half each, or skewed by kSplitSkew: below).
+  // Cluster: multicast pairs or split-K clusters (never both).  With split K
+  // over two, rank 0 runs K blocks [0, kKBlocksRank0) and rank 1 the
+  // remaining kKBlocksRank1 (half each, or skewed by kSplitSkew: below); over
+  // four, rank r runs [r, r + 1) * kKBlocksPerSplit.
   static constexpr uint32_t kClusterSize = kNumMulticast * kNumKSplits;
   static constexpr uint32_t kKBlocksPerSplit = kNumKBlocks / kNumKSplits;
   // Split K: with BLOCK_M = 128, rank 0 takes kSplitSkew = 2 K blocks more
@@ -231,13 +234,13 @@ struct GemmTraits {
                 "D swizzle is 0, 32, 64 or 128 bytes");
   static_assert(BLOCK_N % kDCols == 0, "the D swizzle width must divide BLOCK_N");
   static_assert(kNumMulticast == 1 || kNumMulticast == 2, "clusters of 1 or 2 CTAs");
-  static_assert(kNumKSplits == 1 || kNumKSplits == 2, "K is split across at most 2 CTAs");
+  static_assert(kNumKSplits == 1 || kNumKSplits == 2 || kNumKSplits == 4, "K is split across 1, 2 or 4 CTAs");
   static_assert(kNumKSplits == 1 || kNumMulticast == 1, "a cluster either multicasts or splits K");
   static_assert(kNumKSplits == 1 || BLOCK_M <= 128, "split K is for BLOCK_M 64 and 128");
   // An even count splits evenly, or by +-kSplitSkew; each rank's K loop has
   // a compile-time trip count (a run-time one made the 128x64 K = 2048
   // kernel spill).
-  static_assert(kNumKSplits == 1 || kNumKBlocks % 2 == 0, "split K needs an even number of K blocks");
+  static_assert(kNumKBlocks % kNumKSplits == 0, "split K needs a multiple of kNumKSplits K blocks");
   static_assert(kSplitSkew % 2 == 0 && kSplitSkew < kKBlocksPerSplit, "an even skew, both ranks keep K blocks");
   static_assert(kNumStages >= 2 && kNumStages <= 16, "2..16 pipeline stages");
   // Split K: the tile's j-th K block (of this CTA's share) is consumed (and
@@ -319,9 +322,10 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
   uint64_t* full_bar = reinterpret_cast<uint64_t*>(smem + Smem::kOffBar);
   uint64_t* empty_bar = full_bar + kNumStages;
   uint64_t* x_full_bar = empty_bar + kNumStages;   // kQuantA: x's box landed in the stage's slot
-  // Split K: rank 1's partial tile has landed in rank 0 (rank 0's barrier:
-  // one expect_tx arrival plus the st.async bytes) / rank 0 has read it
-  // (rank 1's barrier: one release.cluster arrival per holder warp of rank 0).
+  // Split K: a peer's partial tile has landed here (the receiver's barrier:
+  // one expect_tx arrival plus the st.async bytes) / the receiver has read
+  // what this CTA sent (the sender's barrier: one release.cluster arrival per
+  // holder warp of the receiver).
   uint64_t* red_full_bar = reinterpret_cast<uint64_t*>(smem + Smem::kOffClusterBar);
   uint64_t* red_empty_bar = red_full_bar + 1;
   float* smem_sfb = reinterpret_cast<float*>(smem + Smem::kOffSFB);   // (8, 2, kNumKBlocks) f32
@@ -352,7 +356,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
     if constexpr (T::kQuantA) {
       for (uint32_t s = 0; s < kNumStages; ++s) mbarrier_init(x_full_bar + s, 1);
     }
-    if constexpr (kNumKSplits == 2) {
+    if constexpr (kNumKSplits > 1) {
       mbarrier_init(red_full_bar, 1);
       mbarrier_init(red_empty_bar, T::kNumHolderThreads / 32);
     }
@@ -364,7 +368,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
   // initialisation) and the K loop starts after a CTA-wide sync (the
   // prologue 0.5-0.6 µs instead of 0.6-0.7, the kernels 0-0.2 µs faster:
   // benches/RESULTS.md v0.15).
-  constexpr bool kDeferClusterWait = kNumKSplits == 2 && kNumMulticast == 1;
+  constexpr bool kDeferClusterWait = kNumKSplits > 1 && kNumMulticast == 1;
   bool cluster_waited = !kDeferClusterWait;
   if constexpr (kDeferClusterWait) {
     cluster_arrive();
@@ -383,9 +387,9 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
 
   const uint32_t rank = T::kClusterSize > 1 ? cluster_cta_rank() : 0;
   // This CTA's K blocks of every tile (all of them unless K is split).
-  const uint32_t kb_begin = kNumKSplits == 2 ? rank * T::kKBlocksRank0 : 0u;
+  const uint32_t kb_begin = kNumKSplits > 1 ? rank * T::kKBlocksRank0 : 0u;
   const uint32_t kb_count = kNumKSplits == 2 && rank == 1 ? T::kKBlocksRank1 : T::kKBlocksRank0;
-  // With split K both CTAs of a cluster take the same tile (the scheduler
+  // With split K every CTA of a cluster takes the same tile (the scheduler
   // pairs nothing: kNumMulticast is 1).
   Scheduler scheduler(shape_m, grouped_layout, blockIdx.x / T::kClusterSize, gridDim.x / T::kClusterSize, rank);
   typename Scheduler::Tile tile;
@@ -483,7 +487,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
           load_b(bar, stage, kb, b_row, b_group);
           pipe.advance();
         };
-        if constexpr (kNumKSplits == 2) {
+        if constexpr (kNumKSplits > 1) {
           // Not unrolled: the producer runs on 40 registers (setmaxnreg), and
           // the unrolled split-K loop (a compile-time trip count) spilled there.
           #pragma unroll 1
@@ -738,14 +742,16 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
           named_barrier_sync(1, T::kNumMathThreads);
         }
       }
-      if constexpr (kNumKSplits == 2) {
-        // Split K across the cluster: rank 1 sends its partial tile into rank
-        // 0's shared memory (16-byte st.async per 4 accumulators, slots
-        // private to each holder thread: both ranks hold identical fragment
-        // layouts), rank 0 adds it and stores the tile.  The tile's `skip`
-        // is the same in both ranks (same tile), so both skip the exchange
-        // together.
-        if (!cluster_waited) {   // the peer's barriers are initialised from here on
+      if constexpr (kNumKSplits > 1) {
+        // Split K across the cluster: partial tiles are sent into a peer's
+        // shared memory (16-byte st.async per 4 accumulators, slots private
+        // to each holder thread: every rank holds identical fragment
+        // layouts), which adds them in a fixed order; rank 0 stores the
+        // tile.  Two ranks: 1 -> 0.  Four: 1 -> 0 and 3 -> 2, then 2 -> 0,
+        // so rank 0 adds (p0 + p1) + (p2 + p3) (the one buffer of rank 0
+        // takes rank 1's tile, then rank 2's).  The tile's `skip` is the
+        // same in every rank (same tile), so all skip the exchange together.
+        if (!cluster_waited) {   // the peers' barriers are initialised from here on
           cluster_wait();
           cluster_waited = true;
         }
@@ -754,11 +760,13 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
           constexpr uint32_t kQuads = kNumAccum / 4;
           const uint32_t h = threadIdx.x;   // < kNumHolderThreads
           float* cred = reinterpret_cast<float*>(smem + Smem::kOffClusterRed);
-          if (rank == 1) {
-            // Rank 0 must have read the previous tile's partial sums.
-            mbarrier_wait<true>(red_empty_bar, red_phase ^ 1);
-            const uint32_t remote_bar = mapa_shared(smem_addr(red_full_bar), 0);
-            const uint32_t remote = mapa_shared(smem_addr(cred), 0);
+          // Send this CTA's tile to rank `dst` once its buffer is free: this
+          // CTA's empty barrier has completed the phase of parity `parity`
+          // (the receiver's arrival after reading what was there before).
+          auto send = [&](uint32_t dst, uint32_t parity) {
+            mbarrier_wait<true>(red_empty_bar, parity);
+            const uint32_t remote_bar = mapa_shared(smem_addr(red_full_bar), dst);
+            const uint32_t remote = mapa_shared(smem_addr(cred), dst);
             #pragma unroll
             for (uint32_t v = 0; v < kWaves; ++v) {
               #pragma unroll
@@ -768,9 +776,13 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
                             remote_bar);
               }
             }
-          } else {
+          };
+          // Wait for a tile in this CTA's buffer (the full barrier's phase of
+          // parity `parity`), add it, then free the buffer for rank `next`,
+          // the next rank to send here.
+          auto receive = [&](uint32_t parity, uint32_t next) {
             if (h == 0) mbarrier_arrive_expect_tx(red_full_bar, Smem::kClusterRedData);
-            mbarrier_wait<true>(red_full_bar, red_phase);
+            mbarrier_wait<true>(red_full_bar, parity);
             #pragma unroll
             for (uint32_t v = 0; v < kWaves; ++v) {
               #pragma unroll
@@ -782,15 +794,35 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
                 final_accum[v][q * 4 + 3] = add_rn(final_accum[v][q * 4 + 3], p.w);
               }
             }
-            // Reads done: rank 1 may send the next tile's partial sums.  The
-            // warp's reads are ordered before lane 0's cluster-scope release
-            // (rank 1 overwrites this buffer once its acquire-wait returns).
+            // Reads done: `next` may send into this buffer.  The warp's reads
+            // are ordered before lane 0's cluster-scope release (the sender
+            // overwrites the buffer once its acquire-wait returns).
             __syncwarp();
-            if (lane == 0) mbarrier_arrive_cluster<true>(red_empty_bar, 1);
+            if (lane == 0) mbarrier_arrive_cluster<true>(red_empty_bar, next);
+          };
+          if constexpr (kNumKSplits == 2) {
+            // The sender's first wait (parity 1 of a fresh barrier) passes.
+            if (rank == 1) send(0, red_phase ^ 1);
+            else receive(red_phase, 1);
+          } else {
+            // Rank 0's full barrier completes twice per tile (parities 0 then
+            // 1); it frees its buffer for rank 2 after rank 1's tile and for
+            // rank 1 (the next tile) after rank 2's.  Rank 2 sends only
+            // after rank 0 has read rank 1's tile of this same tile (its
+            // first wait does not pass).
+            if (rank & 1u) {
+              send(rank - 1, red_phase ^ 1);
+            } else if (rank == 2) {
+              receive(red_phase, 3);
+              send(0, red_phase);
+            } else {
+              receive(0, 2);
+              receive(1, 1);
+            }
           }
           red_phase ^= 1;
         }
-        if (rank == 1) continue;   // rank 0 stores the tile
+        if (rank != 0) continue;   // rank 0 stores the tile
       }
       // With split K only warpgroup 0 holds the tile and stores it.
       if (T::kSplitK && warpgroup != 0) continue;
@@ -907,8 +939,8 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
 
   if constexpr (T::kClusterSize > 1) {
     if (!cluster_waited) cluster_wait();   // the deferred wait of a thread that never exchanged
-    // Neither CTA exits while its peer may still arrive on its barriers (or,
-    // with split K, send into its shared memory).
+    // No CTA exits while a peer may still arrive on its barriers (or, with
+    // split K, send into its shared memory).
     cluster_sync();
   }
 }

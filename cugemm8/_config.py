@@ -35,9 +35,13 @@ Hard constraints (checked by :func:`is_legal`; the kernel static-asserts them)
   blocks each, so the number of 128-wide K blocks must be even, and
   ``block_m`` is 64 or 128 (the kernel static-asserts both); the grid must
   be even (a cluster launch of an odd grid fails; fp8_gemm_1d2d.cuh,
-  docs/design.md level 5).
+  docs/design.md level 5).  Across a cluster of 4 (``num_k_splits`` = 4,
+  ``normal`` only): a quarter each, the K blocks a multiple of 4, the grid
+  a multiple of 4, at least 3 stages for every tile (:func:`_min_stages`).
 - Grid = min(available SMs (even when multicasting or splitting K), tiles
-  incl. phantoms, times 2 with split K).
+  incl. phantoms, times 2 with split K); four-way split K (select_config's
+  twin rule only, :data:`SPLIT_K4_MAX_PICK_BLOCK_N`) runs tiles times 4 CTAs,
+  at most :func:`split_k4_max_ctas` (the clusters of four resident at once).
 - ``swizzle_d`` = the largest of 128/64/32 bytes dividing ``block_n * 2``,
   else 0.
 
@@ -243,9 +247,35 @@ NORMAL_MULTICAST_B_TILES = ((128, 176),)
 # 64 or 128, BLOCK_N <= 32, an even number of K blocks; C_SPLIT cycles per
 # tile for the DSMEM exchange of the FP32 partial tile (module docstring).
 SPLIT_K_ENABLED = True
+SPLIT_K_SIZES = (1, 2, 4)
 SPLIT_K_BLOCK_MS = (64, 128)
 C_SPLIT = 1500.0
 SPLIT_K_MAX_BLOCK_N = 32
+# Split K across a cluster of 4 (num_k_splits = 4; the kernel's partial tiles
+# meet as a tree, (p0 + p1) + (p2 + p3)): select_config's twin rule
+# (_split_k4_twin).  A normal-GEMM pick of one wave whose tile is at most
+# SPLIT_K4_MAX_PICK_BLOCK_N wide (the narrow-N weights, where two-way split
+# K runs few CTAs or 8-16-column tiles) gives way to the narrowest tile
+# (BLOCK_M 64 on one math warpgroup up to 64 rows, else 128) whose clusters
+# of four all fit at once, with at least SPLIT_K4_MIN_KB K blocks per CTA
+# and m <= SPLIT_K4_MAX_M.  Measured on the H200 (benches/RESULTS.md v0.24,
+# sweep_k4c.log): 576x7168 at M = 16-64 6.6 us against 8.4 (64x24 w1 k4 on
+# 96 CTAs against 64x16 w1 k2 on 72), M = 128 7.9 against 9.0, 64x512x7168
+# 6.8 against 8.3, 64x1024x7168 7.5 against 8.5, 64x576x16384 10.2 against
+# 14.9; where the pick is already 32 wide on a full wave (2112x7168,
+# 4096x7168) four-way tiles of 72-176 columns were 11-26 % slower, and no
+# DeepSeek-V3 benchmark pick changes.
+SPLIT_K4_MAX_PICK_BLOCK_N = 24
+SPLIT_K4_MIN_KB = 8
+SPLIT_K4_MAX_M = 128
+# Clusters of four CTAs (one per SM: these kernels' shared memory) that are
+# resident at once: a cluster lives inside one GPC, so the GPCs' SM counts,
+# not the SM total, bound them.  cuOccupancyMaxActiveClusters on the H200
+# (132 SMs): 30 clusters of 4 (120 CTAs) against 66 of 2; a 33-cluster grid
+# ran its last cluster as a second wave (64x64 w1 k4 at 2112x7168: 15.4 us
+# against 10.3 for a 30-cluster tile).  The same fraction is assumed for an
+# SM budget below the device's (cugemm8.set_num_sms).
+SPLIT_K4_CLUSTERS_PER_132_SMS = 30
 # One math warpgroup at BLOCK_M = 64 (num_math_warpgroups = 1): its chain
 # is multiplied by ONE_WG_CHAIN, and the two-warpgroup split pays
 # C_WG_REDUCE cycles per tile for its reduction through shared memory and
@@ -400,7 +430,7 @@ def smem_size(block_m: int, block_n: int, num_stages: int, k: int, num_k_splits:
     x_bytes = QUANT_A_MAX_ROWS * BLOCK_K * quant_a
     return (_align(block_m * block_n * 2, 1024)
             + (64 * block_n * 4 if block_m == 64 and num_math_warpgroups == 2 else 0)
-            + (_align(block_m * block_n * 4 + 16, 1024) if num_k_splits == 2 else 0)
+            + (_align(block_m * block_n * 4 + 16, 1024) if num_k_splits > 1 else 0)
             + num_stages * (a_bytes + block_n * BLOCK_K + _align(block_m * 4, 128) + x_bytes)
             + _align(32 * max(2, sfb_tile_rows(block_n)) * _ceil_div(k, BLOCK_K), 16)
             + (384 if quant_a else 256))
@@ -418,7 +448,8 @@ def quant_a_config(config: GemmConfig, k: int, itemsize: int, smem_limit: int = 
     ``itemsize`` bytes (2 or 4) itself (gemm_fp8's one-kernel bf16-in form,
     cuda_src/quant_a.cuh) for the normal GEMM's pick ``config``, or None when
     that pick has no such form: the in-kernel quantisation needs, in the 1D2D
-    kernel, ``block_m`` = 64 on one math warpgroup and no multicast, and in
+    kernel, ``block_m`` = 64 on one math warpgroup and no multicast (split
+    K over two or four CTAs: each quantises its own K blocks), and in
     the swap-AB kernel a token tile (``block_m``) of 8 (the kernels
     static-assert it).  Same tile, grid, split K and warpgroup structure,
     hence the same accumulation order and output bits; the stages are the
@@ -499,8 +530,11 @@ def max_k(smem_limit: int = SMEM_LIMIT) -> int:
     return max(0, (smem_limit - fixed) // 64) * BLOCK_K
 
 
-def _min_stages(block_m: int, block_n: int) -> int:
-    return MIN_STAGES if block_m * block_n >= 128 * 192 else MIN_STAGES + 1
+def _min_stages(block_m: int, block_n: int, num_k_splits: int = 1) -> int:
+    # Split K over four: one wave of CTAs that each run a quarter of K,
+    # where the fourth stage is what the FP32 exchange buffer displaces
+    # (128x128: 3 stages fit beside its 64 KB).
+    return MIN_STAGES if block_m * block_n >= 128 * 192 or num_k_splits == 4 else MIN_STAGES + 1
 
 
 def max_stages(block_m: int, block_n: int, k: int, smem_limit: int = SMEM_LIMIT,
@@ -513,7 +547,7 @@ def max_stages(block_m: int, block_n: int, k: int, smem_limit: int = SMEM_LIMIT,
     stages = min(MAX_STAGES, max(0, smem_limit - fixed) // per_stage)
     while stages and not _stages_ok(block_m, stages, num_math_warpgroups):
         stages -= 1
-    return stages if stages >= _min_stages(block_m, block_n) else 0
+    return stages if stages >= _min_stages(block_m, block_n, num_k_splits) else 0
 
 
 def _stages_ok(block_m: int, num_stages: int, num_math_warpgroups: int = 2) -> bool:
@@ -643,9 +677,11 @@ class GemmConfig:
         multicast_on_a: with ``num_multicast`` = 2: True when A is shared
             (the pair computes tiles side by side in N), False when B is
             (``'normal'`` only).  False without multicast.
-        num_k_splits: 1, or 2 when the two CTAs of a cluster take half of the
-            K blocks of the same tile each and add their FP32 partial tiles
-            (never with multicast).
+        num_k_splits: 1, or 2 (4) when the two (four, ``'normal'`` only)
+            CTAs of a cluster take a half (quarter) of the K blocks of the
+            same tile each and add their FP32 partial tiles, four as a tree
+            ``(p0 + p1) + (p2 + p3)`` (never with multicast; ``str``: ``k2``,
+            ``k4``).
         num_sms: the grid: persistent CTAs launched, never more than the SMs
             available (even with multicast or split K).
         swizzle_d: swizzle of the BF16 output staging buffer in bytes (128,
@@ -679,7 +715,7 @@ class GemmConfig:
     num_math_warpgroups: int  # 2, or 1 with block_m == 64 (2 with block_m == 64: split K)
     num_multicast: int        # 1 or 2 (cluster size along x)
     multicast_on_a: bool      # with num_multicast == 2: A shared (else B)
-    num_k_splits: int         # 1 or 2: K split across a cluster of 2 (then num_multicast == 1)
+    num_k_splits: int         # 1, 2 or 4: K split across a cluster of that size (then num_multicast == 1)
     num_sms: int              # grid size (persistent CTAs) to launch
     swizzle_d: int            # D staging swizzle in bytes: 128, 64, 32 or 0
     smem_bytes: int           # smem_size(block_m, block_n, num_stages, k, num_k_splits)
@@ -696,8 +732,8 @@ class GemmConfig:
         mc = ""
         if self.num_multicast == 2:
             mc = " c2A" if self.multicast_on_a else " c2B"
-        if self.num_k_splits == 2:
-            mc = " k2"
+        if self.num_k_splits > 1:
+            mc = f" k{self.num_k_splits}"
         wg = " w1" if self.num_math_warpgroups == 1 else ""
         return f"{self.block_m}x{self.block_n} s{self.num_stages}{wg}{mc} sms{self.num_sms}"
 
@@ -789,19 +825,22 @@ def is_legal(config: GemmConfig | None = None, *, k: int | None = None,
                        f"accumulator registers per thread (> {REGISTER_LIMIT})")
     if not MIN_STAGES <= c.num_stages <= MAX_STAGES:
         return False, f"num_stages must be in [{MIN_STAGES}, {MAX_STAGES}], got {c.num_stages}"
-    if c.num_stages < _min_stages(bm, bn):
-        return False, f"{bm}x{bn} needs at least {_min_stages(bm, bn)} stages, got {c.num_stages}"
+    if c.num_stages < _min_stages(bm, bn, c.num_k_splits):
+        return False, f"{bm}x{bn} needs at least {_min_stages(bm, bn, c.num_k_splits)} stages, got {c.num_stages}"
     if not _stages_ok(bm, c.num_stages, c.num_math_warpgroups):
         return False, (f"block_m 64 with two math warpgroups (split K) needs an even stage "
                        f"count, got {c.num_stages}: each math warpgroup must own its stages")
-    if c.num_k_splits not in (1, 2):
-        return False, f"num_k_splits must be 1 or 2, got {c.num_k_splits}"
-    if c.num_k_splits == 2 and c.num_multicast != 1:
-        return False, "num_k_splits 2 (a split-K cluster) excludes multicast"
-    if c.num_k_splits == 2 and bm not in SPLIT_K_BLOCK_MS:
-        return False, f"num_k_splits 2 needs block_m in {SPLIT_K_BLOCK_MS}, got {bm}"
-    if c.num_k_splits == 2 and k is not None and _ceil_div(k, BLOCK_K) % 2:
-        return False, (f"num_k_splits 2 needs an even number of 128-wide K blocks, "
+    splits = c.num_k_splits
+    if splits not in SPLIT_K_SIZES:
+        return False, f"num_k_splits must be one of {SPLIT_K_SIZES}, got {splits}"
+    if splits > 1 and c.num_multicast != 1:
+        return False, f"num_k_splits {splits} (a split-K cluster) excludes multicast"
+    if splits == 4 and c.kind != "normal":
+        return False, f"num_k_splits 4 is for kind 'normal' only, not {c.kind!r}"
+    if splits > 1 and bm not in SPLIT_K_BLOCK_MS:
+        return False, f"num_k_splits {splits} needs block_m in {SPLIT_K_BLOCK_MS}, got {bm}"
+    if splits > 1 and k is not None and _ceil_div(k, BLOCK_K) % splits:
+        return False, (f"num_k_splits {splits} needs a multiple of {splits} 128-wide K blocks, "
                        f"k = {k} has {_ceil_div(k, BLOCK_K)}")
     wgs = c.num_math_warpgroups
     if k is not None and c.smem_bytes != smem_size(bm, bn, c.num_stages, k, c.num_k_splits, wgs):
@@ -825,8 +864,8 @@ def is_legal(config: GemmConfig | None = None, *, k: int | None = None,
         return False, f"num_sms (grid) must be >= 1, got {c.num_sms}"
     if c.num_multicast == 2 and c.num_sms % 2:
         return False, f"grid {c.num_sms} must be even with multicast"
-    if c.num_k_splits == 2 and c.num_sms % 2:
-        return False, f"grid {c.num_sms} must be even with split K (clusters of 2)"
+    if splits > 1 and c.num_sms % splits:
+        return False, f"grid {c.num_sms} must be a multiple of {splits} with split K (clusters of {splits})"
     if available_sms is not None and c.num_sms > available_sms:
         return False, f"grid {c.num_sms} exceeds the {available_sms} SMs available"
     return True, "ok"
@@ -1199,6 +1238,8 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit, warp_mma=True):
     ranked.sort(key=lambda e: e[0])
     out = tuple((key[0], cfg) for key, cfg in ranked)
     twin = _swap_ab_twin(kind, m, n, k, out[0][1], num_sms, smem_limit)
+    if twin is None:
+        twin = _split_k4_twin(kind, m, n, k, out[0][1], num_sms, smem_limit)
     if twin is not None:
         out = ((out[0][0], twin),) + out
     wm = warp_mma_config(m, n, k, num_sms) if warp_mma and kind == "normal" else None
@@ -1225,6 +1266,49 @@ def _swap_ab_twin(kind: str, m: int, n: int, k: int, pick: GemmConfig, num_sms: 
     if _ceil_div(k, BLOCK_K) // splits < SWAP_AB_TWIN_MIN_KB or _ceil_div(n, bn) * splits > num_sms:
         return None
     return swap_ab_config(m, n, k, 8, bn, SWAP_AB_MAX_STAGES, num_sms, splits, smem_limit)
+
+
+def split_k4_max_ctas(num_sms: int) -> int:
+    """CTAs of a four-way split-K grid whose clusters can all be resident
+    on ``num_sms`` SMs: 4 x min(num_sms // 4, the GPC-bound cluster count
+    :data:`SPLIT_K4_CLUSTERS_PER_132_SMS` scaled to ``num_sms``) -- 120 on
+    the H200's 132."""
+    return 4 * min(num_sms // 4, num_sms * SPLIT_K4_CLUSTERS_PER_132_SMS // 132)
+
+
+def _split_k4_twin(kind: str, m: int, n: int, k: int, pick: GemmConfig, num_sms: int,
+                   smem_limit: int) -> GemmConfig | None:
+    """The four-way split-K config that replaces the cost model's ``pick``
+    (see :data:`SPLIT_K4_MAX_PICK_BLOCK_N`), or None: ``pick`` a one-wave
+    TMA tile of a normal GEMM, at most SPLIT_K4_MAX_PICK_BLOCK_N wide, with
+    1 <= ``m`` <= SPLIT_K4_MAX_M; its twin is the narrowest BLOCK_N
+    (multiples of 8 from the pick's) of BLOCK_M 64 on one math warpgroup
+    (``m`` <= 64) or 128 whose tiles times four fit
+    :func:`split_k4_max_ctas`, with the most stages that fit and at least
+    SPLIT_K4_MIN_KB of the ``ceil(k / 128)`` K blocks (a multiple of 4) per
+    CTA.  The ranking gives the twin the pick's score (the cost model does
+    not model four-way split K)."""
+    if (kind != "normal" or not 1 <= m <= SPLIT_K4_MAX_M or pick.swap_ab or pick.warp_mma
+            or pick.num_multicast != 1 or pick.num_k_splits == 4
+            or pick.block_n > SPLIT_K4_MAX_PICK_BLOCK_N
+            or _ceil_div(m, pick.block_m) * _ceil_div(n, pick.block_n) * pick.num_k_splits > pick.num_sms):
+        return None
+    kb = _ceil_div(k, BLOCK_K)
+    if kb % 4 or kb // 4 < SPLIT_K4_MIN_KB:
+        return None
+    bm, wgs = (64, 1) if m <= 64 else (128, 2)
+    cap = split_k4_max_ctas(num_sms)
+    for bn in candidate_block_ns(bm):
+        tiles = _ceil_div(m, bm) * _ceil_div(n, bn)
+        if bn < pick.block_n or tiles * 4 > cap:
+            continue
+        stages = max_stages(bm, bn, k, smem_limit, num_k_splits=4, num_math_warpgroups=wgs)
+        if not stages:
+            return None
+        cfg = make_config("normal", bm, bn, stages, k, num_k_splits=4, num_sms=tiles * 4,
+                          num_math_warpgroups=wgs)
+        return cfg if is_legal(cfg, k=k, available_sms=num_sms, smem_limit=smem_limit)[0] else None
+    return None
 
 
 def swap_ab_config(m: int, n: int, k: int, bm: int, bn: int, stages: int, num_sms: int,

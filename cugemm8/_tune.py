@@ -64,16 +64,17 @@ def forced_config(kind: str, m: int, n: int, k: int, num_groups: int, bm: int, b
     return cfg if ok else None
 
 
-_CONFIG_RE = re.compile(r"(\d+)x(\d+) s(\d+)( w1)?(?: (c2A?|c2B|k2))?(?: sms\d+)?")
+_CONFIG_RE = re.compile(r"(\d+)x(\d+) s(\d+)( w1)?(?: (c2A?|c2B|k2|k4))?(?: sms\d+)?")
 _SWAP_AB_RE = re.compile(r"(\d+)x(\d+) s(\d+) swapAB(?: k([24]))?(?: sms\d+)?")
 _WARP_MMA_RE = re.compile(r"(\d+)x(\d+) u(\d+) warpMMA k(\d+)(?: ctas\d+)?")
 
 
 
 def parse_config(text: str, kind: str, m: int, n: int, k: int, num_groups: int, num_sms: int):
-    """A config from ``'BMxBN sS [w1] [c2|c2A|c2B|k2]'`` (``w1``: one math
+    """A config from ``'BMxBN sS [w1] [c2|c2A|c2B|k2|k4]'`` (``w1``: one math
     warpgroup, BLOCK_M 64 only; ``c2`` / ``c2A``: multicast A, ``c2B``:
-    multicast B, ``k2``: split K; a trailing ``smsN`` is ignored) or
+    multicast B, ``k2`` / ``k4``: split K over two / four CTAs; a trailing
+    ``smsN`` is ignored) or
     ``'BMxBN sS swapAB [k2|k4]'`` (the swap-AB kernel, ``normal`` only) with
     the largest legal grid, or ``'8xBN uU warpMMA kS'`` (the warp-MMA kernel,
     ``normal`` only: BN weight rows per CTA, U K blocks ahead, S warps per
@@ -95,13 +96,13 @@ def parse_config(text: str, kind: str, m: int, n: int, k: int, num_groups: int, 
                                       num_sms, int(ms.group(4) or 1))
     mt = _CONFIG_RE.fullmatch(text.strip())
     if mt is None:
-        raise ValueError(f"config {text!r} is not of the form 'BMxBN sS [w1] [c2|c2A|c2B|k2]', "
+        raise ValueError(f"config {text!r} is not of the form 'BMxBN sS [w1] [c2|c2A|c2B|k2|k4]', "
                          f"'BMxBN sS swapAB [k2|k4]' or '8xBN uU warpMMA kS'")
     bm, bn, stages = (int(mt.group(i)) for i in (1, 2, 3))
     tag = mt.group(5)
     return forced_config(kind, m, n, k, num_groups, bm, bn, stages, num_sms,
                          mc=2 if tag in ("c2", "c2A", "c2B") else 1, on_a=tag in ("c2", "c2A"),
-                         splits=2 if tag == "k2" else 1, wgs=1 if mt.group(4) else 2)
+                         splits=int(tag[1]) if tag in ("k2", "k4") else 1, wgs=1 if mt.group(4) else 2)
 
 
 def split_k_candidates(kind: str, m: int, n: int, k: int, num_groups: int, count: int, num_sms: int) -> list:

@@ -26,7 +26,7 @@ from cugemm8._config import (
 NORMAL_NK = DEEPSEEK_NK
 NORMAL_CASES = [("normal", 1, m, n, k) for m in (1, 8, 16, 32, 64, 128, 4096) for n, k in NORMAL_NK]
 GROUPED_CASES = [c for c in BENCHMARK_CASES if c[0] != "normal"]
-STR_RE = re.compile(r"^(64|128|256)x\d+ s\d+( w1)?( c2[AB]| k2)? sms\d+$")
+STR_RE = re.compile(r"^(64|128|256)x\d+ s\d+( w1)?( c2[AB]| k2| k4)? sms\d+$")
 
 
 def check_choice(cfg: GemmConfig, kind, g, m, n, k, num_sms=132, smem_limit=SMEM_LIMIT):
@@ -38,6 +38,9 @@ def check_choice(cfg: GemmConfig, kind, g, m, n, k, num_sms=132, smem_limit=SMEM
         return
     if cfg.warp_mma:
         check_warp_mma_choice(cfg, kind, g, m, n, k, num_sms, smem_limit)
+        return
+    if cfg.num_k_splits == 4:
+        check_split_k4_choice(cfg, kind, g, m, n, k, num_sms, smem_limit)
         return
     bm, bn = cfg.block_m, cfg.block_n
     assert cfg.kind == kind and cfg.block_k == 128
@@ -90,6 +93,33 @@ def check_choice(cfg: GemmConfig, kind, g, m, n, k, num_sms=132, smem_limit=SMEM
     assert cfg.swizzle_d in (128, 64, 32, 0)
     if cfg.swizzle_d:
         assert (bn * 2) % cfg.swizzle_d == 0
+    assert STR_RE.match(str(cfg)), str(cfg)
+
+
+def check_split_k4_choice(cfg: GemmConfig, kind, g, m, n, k, num_sms, smem_limit):
+    """select_config's four-way split-K rule, re-derived: a normal GEMM at
+    1 <= m <= 128, BLOCK_M 64 on one math warpgroup (m <= 64) or 128 on two,
+    one wave of clusters of four that all fit at once (120 CTAs on 132 SMs),
+    at least 8 of the K blocks (a multiple of 4) per CTA, the deepest ring
+    that fits, the narrowest tile that fits that grid; the pick it replaced
+    (the cost model's) was at most 24 columns wide."""
+    assert kind == "normal" and g == 1 and 1 <= m <= 128
+    bm, bn = cfg.block_m, cfg.block_n
+    assert (bm, cfg.num_math_warpgroups) == ((64, 1) if m <= 64 else (128, 2))
+    assert cfg.num_multicast == 1 and not cfg.multicast_on_a and not cfg.swap_ab
+    kb = -(-k // 128)
+    assert kb % 4 == 0 and kb // 4 >= 8
+    tiles, executed, n_waves = tile_counts(cfg, m, n, g)
+    assert executed == 4 * tiles and n_waves == 1 and cfg.num_sms == 4 * tiles
+    assert cfg.num_sms <= 4 * min(num_sms // 4, num_sms * 30 // 132)
+    assert bn == 8 or -(-m // bm) * -(-n // (bn - 8)) * 4 > cfg.num_sms, "not the narrowest tile"
+    assert cfg.smem_bytes == smem_size(bm, bn, cfg.num_stages, k, 4, cfg.num_math_warpgroups) <= smem_limit
+    assert cfg.num_stages == 16 or smem_size(bm, bn, cfg.num_stages + 1, k, 4,
+                                             cfg.num_math_warpgroups) > smem_limit
+    assert cfg.num_stages >= 3
+    ranked = cfgmod.ranked_configs(kind, m, n, k, num_groups=g, num_sms=num_sms, smem_limit=smem_limit,
+                                   warp_mma=False)
+    assert ranked[0][1] == cfg and ranked[1][1].num_k_splits != 4 and ranked[1][1].block_n <= 24
     assert STR_RE.match(str(cfg)), str(cfg)
 
 
@@ -163,8 +193,12 @@ def test_decode_2112_fills_the_sms():
     assert (cfg.block_m, cfg.block_n, cfg.num_multicast, cfg.num_k_splits) == (64, 32, 1, 2)
     tiles, executed, waves = tile_counts(cfg, 64, 2112)
     assert tiles == 66 and executed == 132 and waves == 1 and cfg.num_sms == 132
-    # 66 pairs need 132 SMs: split K only in one wave
-    assert select_config("normal", 64, 2112, 7168, num_sms=131).num_k_splits == 1
+    # 66 pairs need 132 SMs: split K over pairs only in one wave; on 131 the
+    # cost model's 64x24 (88 CTAs, the whole K each) gives way to the
+    # four-way split-K twin (27 clusters of four)
+    cfg = select_config("normal", 64, 2112, 7168, num_sms=131)
+    assert (cfg.block_n, cfg.num_k_splits, cfg.num_sms) == (80, 4, 108)
+    assert str(cfgmod.ranked_configs("normal", 64, 2112, 7168, num_sms=131)[1][1]) == "64x24 s16 w1 sms88"
 
 
 def test_m128_2112_splits_k():
@@ -185,9 +219,14 @@ def test_no_split_k_where_it_measured_slower(m, n, k):
 
 @pytest.mark.parametrize("fields,reason", [
     (dict(num_k_splits=2, num_multicast=2, multicast_on_a=True), "excludes multicast"),
-    (dict(num_k_splits=2, num_sms=131), "even"),
+    (dict(num_k_splits=2, num_sms=131), "multiple of 2"),
+    (dict(num_k_splits=4, num_sms=130), "multiple of 4"),
     (dict(num_k_splits=2, block_m=256, block_n=32, num_stages=4), "block_m"),
+    (dict(num_k_splits=4, block_m=256, block_n=32, num_stages=4), "block_m"),
+    (dict(num_k_splits=4, kind="contiguous"), "kind 'normal' only"),
+    (dict(num_k_splits=4, num_multicast=2, multicast_on_a=True), "excludes multicast"),
     (dict(num_k_splits=3), "num_k_splits"),
+    (dict(num_k_splits=8), "num_k_splits"),
     (dict(num_k_splits=True), "int"),
 ])
 def test_split_k_legality(fields, reason):
@@ -195,12 +234,57 @@ def test_split_k_legality(fields, reason):
     ok, why = is_legal(k=7168, **{**base, **fields})
     assert not ok and reason in why, why
     assert is_legal(k=7168, **{**base, "num_k_splits": 2})[0]
+    assert is_legal(k=7168, **{**base, "num_k_splits": 4})[0]
+
+
+def test_split_k4_needs_a_multiple_of_four_k_blocks():
+    ok, why = is_legal(make_config("normal", 64, 32, 8, 7168 - 256, num_k_splits=4, num_sms=132), k=7168 - 256)
+    assert not ok and "multiple of 4" in why
+    assert is_legal(make_config("normal", 64, 32, 8, 7168 - 512, num_k_splits=4, num_sms=132), k=7168 - 512)[0]
+
+
+# The four-way split-K twin (_config._split_k4_twin) at the shapes measured
+# on the H200 (benches/RESULTS.md v0.24, sweep_k4d.log: old pick -> twin, µs).
+@pytest.mark.parametrize("m,n,k,want,replaced", [
+    (16, 576, 7168, "64x24 s16 w1 k4 sms96", "64x16 s16 w1 k2 sms72"),          # 8.4 -> 6.6
+    (64, 576, 7168, "64x24 s16 w1 k4 sms96", "64x16 s16 w1 k2 sms72"),          # 8.4 -> 6.8
+    (128, 576, 7168, "128x24 s10 k4 sms96", "64x24 s16 w1 k2 sms96"),           # 9.0 -> 7.8
+    (1, 256, 7168, "64x16 s16 w1 k4 sms64", "64x8 s16 w1 k2 sms64"),            # 8.0 -> 6.1
+    (128, 256, 7168, "128x16 s11 k4 sms64", "64x8 s16 w1 k2 sms128"),           # 8.2 -> 7.1
+    (64, 1024, 7168, "64x40 s15 w1 k4 sms104", "64x16 s16 w1 k2 sms128"),       # 8.5 -> 7.6
+    (16, 1536, 7168, "64x56 s13 w1 k4 sms112", "64x24 s16 w1 k2 sms128"),       # 8.8 -> 8.5
+    (64, 576, 16384, "64x24 s16 w1 k4 sms96", "64x16 s16 w1 k2 sms72"),         # 14.9 -> 10.2
+])
+def test_split_k4_twin_picks(m, n, k, want, replaced):
+    ranked = cfgmod.ranked_configs("normal", m, n, k, num_sms=132, warp_mma=False)
+    assert (str(ranked[0][1]), str(ranked[1][1])) == (want, replaced)
+    assert str(select_config("normal", m, n, k)) == want
+    check_choice(ranked[0][1], "normal", 1, m, n, k)
+
+
+@pytest.mark.parametrize("m,n,k", [(64, 2112, 7168), (128, 2112, 7168), (32, 4096, 7168), (128, 1536, 7168),
+                                   (128, 1024, 7168), (64, 576, 2048), (200, 576, 7168), (64, 576, 7168 - 256)])
+def test_no_split_k4_twin(m, n, k):
+    # A pick 32 wide on a full wave (four-way tiles 72-176 wide measured 11-26 %
+    # slower), K blocks per CTA under 8 or not a multiple of 4 (K = 2048:
+    # 4 per CTA; 6912 = 54 blocks), or m above 128 (unmeasured).
+    assert select_config("normal", m, n, k).num_k_splits != 4
+
+
+def test_split_k4_grid_fits_the_resident_clusters():
+    assert cfgmod.split_k4_max_ctas(132) == 120
+    assert cfgmod.split_k4_max_ctas(128) == 116
+    assert cfgmod.split_k4_max_ctas(8) == 4
+    assert cfgmod.split_k4_max_ctas(3) == 0
+    # 256 x 7168 on a budget of 40 SMs: 32 clusters would not fit; 64x32 x 8 tiles does
+    cfg = select_config("normal", 64, 256, 7168, num_sms=40)
+    assert cfg.num_sms <= cfgmod.split_k4_max_ctas(40)
 
 
 def test_split_k_needs_an_even_number_of_k_blocks():
     assert select_config("normal", 64, 2112, 7168 - 128).num_k_splits == 1
     ok, why = is_legal(make_config("normal", 64, 32, 16, 640, num_k_splits=2, num_sms=132), k=640)
-    assert not ok and "even number" in why
+    assert not ok and "multiple of 2" in why
 
 
 def test_unaligned_block_n_example():

@@ -252,8 +252,95 @@ def test_forced_split_k_configs(cp, bm, bn, stages, k, num_sms):
     assert bool(cp.all(outs[0].view(cp.uint16) == outs[1].view(cp.uint16)))
 
 
+# Split K across a cluster of four (num_k_splits = 4): the partial tiles meet
+# as a tree, (p0 + p1) + (p2 + p3), and the output must equal the Hopper
+# promotion model in that order bit for bit (a partial tile added twice,
+# dropped, or read before it landed cannot hide inside the error bound).
+# Both BLOCK_M (64 on one and on two math warpgroups, where each CTA splits
+# its quarter again between the warpgroups), narrow and wide tiles; 30
+# clusters (one tile each at most) and 1-3 clusters (many tiles each: rank
+# 0's exchange barrier completes twice per tile, so its phases and the
+# other ranks' turn over many times).  K = 1936 = 15 * 128 + 16: 16 K blocks,
+# four per CTA, the last one partial; K = 512: one block per CTA.
+SPLIT_K4_FORCED = [(128, 64, 6, 2, 200, 1000, 1936), (64, 64, 8, 1, 77, 1000, 1936),
+                   (64, 64, 8, 2, 77, 1000, 1936), (64, 24, 16, 1, 5, 520, 7168),
+                   (128, 128, 3, 2, 130, 520, 1936), (64, 32, 8, 2, 33, 1000, 512),
+                   (128, 24, 10, 2, 128, 576, 7168)]
+
+
+@pytest.mark.parametrize("bm,bn,stages,wgs,m,n,k", SPLIT_K4_FORCED)
+@pytest.mark.parametrize("num_sms", [120, 12, 4])
+def test_split_k4_matches_the_promotion_model(cp, bm, bn, stages, wgs, m, n, k, num_sms):
+    from cugemm8 import reference as R
+    cfg = _config.make_config("normal", bm, bn, stages, k, num_k_splits=4, num_sms=num_sms,
+                              num_math_warpgroups=wgs)
+    ok, why = _config.is_legal(cfg, k=k)
+    assert ok, why
+    rng = np.random.default_rng(m * n + bm + wgs + num_sms)
+    a, sfa, b, sfb = H.make_operands(cp, rng, m, n, k)
+    sfa_tma = cugemm8.get_col_major_tma_aligned_tensor(sfa)
+    outs = []
+    for _ in range(2):
+        out, full = H.poisoned_out(cp, m, n)
+        _gemm._launch(cfg, "normal", n, k, 1, m, m, a, sfa_tma, b, sfb, out, None, 1)
+        assert H.guards_intact(cp, full, m, n), f"{cfg}: a guard row/column was written"
+        outs.append(out)
+    assert bool(cp.all(outs[0].view(cp.uint16) == outs[1].view(cp.uint16))), f"{cfg}: rerun differs"
+    model = R.promoted_accumulation_model(cp.asnumpy(a), cp.asnumpy(sfa), cp.asnumpy(b), cp.asnumpy(sfb),
+                                          tensor_core="hopper", k_splits=4,
+                                          warpgroup_split=bm == 64 and wgs == 2)
+    want = R.round_to_bf16(model).view(np.uint16)
+    got = cp.asnumpy(outs[0].view(cp.uint16))
+    bad = np.argwhere(got != want)
+    assert bad.size == 0, f"{cfg} m={m} n={n} k={k}: {len(bad)} outputs differ from the model, first at {tuple(bad[0])}"
+
+
+# The narrow-N weights where select_config takes the four-way split-K twin
+# (_config._split_k4_twin; tests/test_config.py pins which picks), through
+# the public op at every decode M; with
+# the whole device M <= 8 runs the warp-MMA kernel, so a budget of 128 SMs
+# (cugemm8.set_num_sms) runs the TMA picks there too.
+@pytest.mark.parametrize("m", DECODE_MS + [100])
+@pytest.mark.parametrize("n,k", [(576, 7168), (256, 7168), (1024, 7168), (1536, 7168), (576, 16384)])
+@pytest.mark.parametrize("budget", [None, 128])
+def test_split_k4_picks(cp, m, n, k, budget):
+    num_sms = cugemm8.get_num_sms()
+    try:
+        if budget is not None:
+            cugemm8.set_num_sms(budget)
+        cfg = cugemm8.get_gemm_config("normal", m, n, k)
+        rng = np.random.default_rng(m * 131 + n + k)
+        a, sfa, b, sfb = H.make_operands(cp, rng, m, n, k)
+        run_checked(cp, a, sfa, b, sfb, what=f"{cfg} m={m} n={n} k={k}",
+                    sfa_for_call=cugemm8.get_col_major_tma_aligned_tensor(sfa))
+    finally:
+        cugemm8.set_num_sms(num_sms)
+
+
+def test_split_k4_clusters_are_all_resident(cp):
+    """The four-way grid's clusters all fit at once on this device
+    (cuOccupancyMaxActiveClusters), as :func:`_config.split_k4_max_ctas`
+    assumes for the twin rule (a grid past it runs a second wave)."""
+    from cuda.bindings import driver as d
+    from cugemm8 import _jit
+    num_sms = cugemm8.get_num_sms()
+    for m, n, k in [(64, 576, 7168), (128, 576, 7168), (64, 1536, 7168)]:
+        cfg = cugemm8.get_gemm_config("normal", m, n, k)
+        assert cfg.num_k_splits == 4 and cfg.num_sms <= _config.split_k4_max_ctas(num_sms), str(cfg)
+        name = _gemm._kernel_name(cfg, n, k, 0, 1)
+        kern = _jit.get_kernel(_gemm._header_of(name), name, max_dynamic_smem=cfg.smem_bytes)
+        lc = d.CUlaunchConfig()
+        lc.gridDimX, lc.gridDimY, lc.gridDimZ = cfg.num_sms, 1, 1
+        lc.blockDimX, lc.blockDimY, lc.blockDimZ = 128 * (cfg.num_math_warpgroups + 1), 1, 1
+        lc.sharedMemBytes = cfg.smem_bytes
+        lc.numAttrs = 0
+        err, clusters = d.cuOccupancyMaxActiveClusters(d.CUfunction(kern.kernel.ptr), lc)
+        assert err == d.CUresult.CUDA_SUCCESS, err
+        assert cfg.num_sms <= 4 * clusters, f"{cfg}: {clusters} clusters of 4 resident"
+
+
 @pytest.mark.parametrize("bm,bn,stages,splits", [(64, 32, 8, 1), (64, 32, 8, 2), (128, 32, 8, 2),
-                                                  (128, 64, 6, 1)])
+                                                  (128, 64, 6, 1), (64, 32, 8, 4), (128, 32, 8, 4)])
 def test_split_k_keeps_subnormal_partial_sums(cp, bm, bn, stages, splits):
     """A = B = 1.0, SFA = 1, SFB = 2^-140: each 128-K block adds 128 * 2^-140 =
     2^-133, an FP32 subnormal, and the 8 blocks sum to 2^-130, exact in FP32

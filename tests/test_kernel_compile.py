@@ -30,6 +30,11 @@ FORCED = [("normal", 64, 8, 16, 1, False, 576, 7168), ("normal", 128, 136, 4, 1,
 SPLIT_K = [("normal", 64, 16, 8, 1000, 1168), ("normal", 128, 64, 6, 1000, 1168),
            ("contiguous", 64, 32, 8, 520, 1168), ("masked", 128, 32, 6, 1000, 768),
            ("normal", 64, 32, 8, 1000, 256)]
+# Split K across a cluster of four (bm, bn, stages, math warpgroups, n, k):
+# the forms tests/test_gemm_gpu.py forces (BLOCK_M 64 on one and on two
+# warpgroups, 128x128 on 3 stages beside its 64 KB exchange buffer).
+SPLIT_K4 = [(128, 64, 6, 2, 1000, 1936), (64, 64, 8, 2, 1000, 1936), (128, 128, 3, 2, 520, 1936),
+            (64, 32, 8, 2, 1000, 512)]
 
 # One math warpgroup at BLOCK_M = 64 (kind, bn, stages, K splits, n, k): odd
 # stage counts, split K, both grouped layouts, the widest register tile.
@@ -77,6 +82,10 @@ def _names():
         cfg = _config.make_config(kind, bm, bn, st, k, num_k_splits=2, num_sms=132)
         assert _config.is_legal(cfg, k=k)[0]
         names.add(_gemm._kernel_name(cfg, n, k, _gemm._GEMM_TYPE[kind], 3 if kind == "masked" else 1))
+    for bm, bn, st, wgs, n, k in SPLIT_K4:
+        cfg = _config.make_config("normal", bm, bn, st, k, num_k_splits=4, num_sms=120, num_math_warpgroups=wgs)
+        assert _config.is_legal(cfg, k=k)[0]
+        names.add(_gemm._kernel_name(cfg, n, k, 0, 1))
     for kind, bn, st, splits, n, k in ONE_WARPGROUP:
         cfg = _config.make_config(kind, 64, bn, st, k, num_k_splits=splits, num_sms=132,
                                   num_math_warpgroups=1)

@@ -618,7 +618,7 @@ def assert_one_kernel(x, n, what=""):
 
 
 ONE_KERNEL_SHAPES = [(2112, 7168), (24576, 1536), (32768, 512), (4096, 7168), (7168, 2048),
-                     (520, 1000), (24, 144), (1000, 7184)]
+                     (576, 7168), (520, 1000), (24, 144), (1000, 7184)]
 
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
@@ -626,8 +626,8 @@ ONE_KERNEL_SHAPES = [(2112, 7168), (24576, 1536), (32768, 512), (4096, 7168), (7
 def test_one_kernel_form_bit_identical(cp, rng, weights, n, k, dtype_name):
     """The GEMM quantising x itself gives the bits of per_token_cast_to_fp8
     followed by the GEMM, at every row count up to the kernel's limit (8
-    rows): the DeepSeek-V3 picks (split K across a pair at 2112 x 7168, 6-16
-    stages, one to two tiles per CTA), N tails, K tails (1000, 144: the x
+    rows): the DeepSeek-V3 picks (split K across a pair at 2112 x 7168 and
+    across four CTAs at 576 x 7168, 6-16 stages, one to two tiles per CTA), N tails, K tails (1000, 144: the x
     box past K zero-filled; 7184: an odd number of K blocks), into poisoned
     outputs with guards, out given and not."""
     dt = DTYPES[dtype_name]

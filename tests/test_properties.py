@@ -308,12 +308,13 @@ def test_promoted_models_within_error_bound(seed, m, n, k, kind, tc, decade):
 
 @settings(max_examples=80, **SETTINGS)
 @given(seed=seeds, m=st.integers(1, 8), n=st.integers(1, 40), kb=st.integers(1, 12),
-       kind=kinds, k_splits=st.sampled_from([1, 2]), warpgroup_split=st.booleans(),
+       kind=kinds, k_splits=st.sampled_from([1, 2, 4]), warpgroup_split=st.booleans(),
        skew=st.sampled_from([0, 2]), decade=st.integers(-10, 10))
 def test_split_k_orders_within_error_bound(seed, m, n, kb, kind, k_splits, warpgroup_split, skew, decade):
     # the kernels' split-K summation orders (BLOCK_M = 64 warpgroups, CTA
-    # pairs, with or without the BLOCK_M = 128 pairs' skewed split point)
-    k = 128 * (kb + kb % 2 if k_splits == 2 else kb)
+    # pairs, with or without the BLOCK_M = 128 pairs' skewed split point,
+    # clusters of four as a tree)
+    k = 128 * (-(-kb // k_splits) * k_splits)
     skew = skew if k_splits == 2 and k // 128 // 2 > skew else 0
     a, sa = R.per_token_cast_to_fp8(_data(seed, (m, k), decade, kind))
     b, sb = R.per_block_cast_to_fp8(_data(seed + 1, (n, k), 0, kind))

@@ -570,7 +570,8 @@ def test_long_k_promoted_model_at_64x64():
     assert np.all(bound <= 0.02 * ref)
 
 
-@pytest.mark.parametrize("k_splits,warpgroup_split", [(1, False), (1, True), (2, False), (2, True)])
+@pytest.mark.parametrize("k_splits,warpgroup_split", [(1, False), (1, True), (2, False), (2, True),
+                                                     (4, False), (4, True)])
 def test_split_orders_keep_subnormal_partial_sums(k_splits, warpgroup_split):
     # tests/test_gemm_gpu.py::test_split_k_keeps_subnormal_partial_sums on the
     # CPU: every block adds 2^-133 (subnormal), 8 blocks give 2^-130 exactly
@@ -589,13 +590,16 @@ def test_split_order_arguments_checked():
     a = np.full((1, 384), 0x38, np.uint8)
     b = np.full((8, 384), 0x38, np.uint8)
     sa, sb = np.ones((1, 3), np.float32), np.ones((1, 3), np.float32)
-    with pytest.raises(ValueError, match="even number"):
+    with pytest.raises(ValueError, match="multiple of 2"):
         R.promoted_accumulation_model(a, sa, b, sb, k_splits=2)
-    with pytest.raises(ValueError, match="k_splits"):
-        R.promoted_accumulation_model(a, sa, b, sb, k_splits=3)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        R.promoted_accumulation_model(a, sa, b, sb, k_splits=4)
+    for bad in (3, 8, True):
+        with pytest.raises(ValueError, match="k_splits"):
+            R.promoted_accumulation_model(a, sa, b, sb, k_splits=bad)
     a4, b4 = np.full((1, 512), 0x38, np.uint8), np.full((8, 512), 0x38, np.uint8)
     sa4, sb4 = np.ones((1, 4), np.float32), np.ones((1, 4), np.float32)
-    for skew, splits in ((1, 2), (2, 2), (-2, 2), (2, 1), (True, 2)):
+    for skew, splits in ((1, 2), (2, 2), (-2, 2), (2, 1), (2, 4), (True, 2)):
         with pytest.raises(ValueError, match="split_skew"):
             R.promoted_accumulation_model(a4, sa4, b4, sb4, k_splits=splits, split_skew=skew)
 
@@ -720,3 +724,23 @@ def test_the_gpu_tests_global_check_admits_bf16_rounding_of_a_tiny_output():
     H.check_rows(np, got, ref)
     with pytest.raises(AssertionError, match="global relative error"):
         H.check_rows(np, got * (1 + 2.0 ** -7), ref)
+
+
+def test_split_k4_sums_as_a_tree():
+    # Four CTAs, two blocks each: the kernel adds (p0 + p1) + (p2 + p3)
+    # (cuda_src/fp8_gemm_1d2d.cuh: ranks 1 and 3 send to 0 and 2, then 2 to
+    # 0), which float32 tells apart from the chain ((p0 + p1) + p2) + p3.
+    nkb = 8
+    a = np.full((1, 128 * nkb), 0x38, np.uint8)        # 1.0
+    b = np.full((1, 128 * nkb), 0x38, np.uint8)
+    sa = np.ones((1, nkb), np.float32)
+    # partials: p0 = 2^24, p1 = 0.5 + 0.5, p2 = 1, p3 = 1  (each block adds w * 128)
+    w = np.array([2.0 ** 24, 0, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5], np.float32) / 128
+    sb = w[None, :].astype(np.float32)
+    y = R.promoted_accumulation_model(a, sa, b, sb, tensor_core="exact", k_splits=4)
+    f = np.float32
+    p = [f(f(w[2 * r] * 128) + f(w[2 * r + 1] * 128)) for r in range(4)]
+    tree = f(f(p[0] + p[1]) + f(p[2] + p[3]))
+    chain = f(f(f(p[0] + p[1]) + p[2]) + p[3])
+    assert tree != chain                       # the data tells the orders apart
+    assert y[0, 0] == tree, (y, tree, chain)

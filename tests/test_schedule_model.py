@@ -44,9 +44,10 @@ def _banded(ct, band, num_banded, num_other):
 
 def schedule(kind, m, n, bm, bn, grid, mc=1, on_a=False, splits=1):
     """Yield (cta, m_block, n_block, pass, phantom) in each CTA's order
-    (TileScheduler::next for 'normal' and 'contiguous').  ``splits`` = 2:
-    split K across the CTA pair (clusters of 2 that multicast nothing: the
-    kernel builds the scheduler with cluster id blockIdx.x / 2)."""
+    (TileScheduler::next for 'normal' and 'contiguous').  ``splits`` = 2 or
+    4: split K across the cluster (clusters of that size that multicast
+    nothing: the kernel builds the scheduler with cluster id blockIdx.x /
+    splits)."""
     pair_n = 2 if mc == 2 and on_a else 1
     pair_m = 2 if mc == 2 and not on_a else 1
     num_n = _cdiv(n, bn)
@@ -181,18 +182,21 @@ def test_contiguous_slabs_stored_once_with_their_blocks_expert(sizes, bm, bn, gr
 @settings(max_examples=40, deadline=None)
 @given(m=st.integers(1, 3000), n=st.integers(8, 2000), bm=st.sampled_from([64, 128]),
        bn=st.sampled_from([16, 24, 32]), pairs=st.integers(1, 70),
-       kind=st.sampled_from(["normal", "contiguous"]))
-def test_split_k_pairs_walk_the_same_tiles(m, n, bm, bn, pairs, kind):
-    # Split K: both CTAs of a pair must see the same tile sequence (each runs
-    # half of every tile's K and they exchange once per tile), and every
-    # tile must belong to exactly one pair.
+       kind=st.sampled_from(["normal", "contiguous"]), splits=st.sampled_from([2, 4]))
+def test_split_k_pairs_walk_the_same_tiles(m, n, bm, bn, pairs, kind, splits):
+    # Split K: every CTA of a cluster (2, or 4 for the normal GEMM) must see
+    # the same tile sequence (each runs its share of every tile's K and they
+    # exchange once per tile), and every tile must belong to exactly one cluster.
+    if splits == 4:
+        kind = "normal"
     walks = {}
-    for cta, mb, nb, p, phantom in schedule(kind, m, n, bm, bn, 2 * pairs, splits=2):
+    for cta, mb, nb, p, phantom in schedule(kind, m, n, bm, bn, splits * pairs, splits=splits):
         assert not phantom
         walks.setdefault(cta, []).append((mb, nb, p))
     for pair in range(pairs):
-        assert walks.get(2 * pair, []) == walks.get(2 * pair + 1, [])
-    tiles = [t for pair in range(pairs) for t in walks.get(2 * pair, [])]
+        for r in range(1, splits):
+            assert walks.get(splits * pair, []) == walks.get(splits * pair + r, [])
+    tiles = [t for pair in range(pairs) for t in walks.get(splits * pair, [])]
     assert sorted(tiles) == sorted({(i, j, 0) for i in range(_cdiv(m, bm)) for j in range(_cdiv(n, bn))})
 
 
@@ -304,8 +308,14 @@ def _exchange(warps, skips, rng, mutant=None):
             phase ^= 1
             yield True
 
-    procs = [rank1(w) for w in range(warps)] + [rank0(w) for w in range(warps)]
-    blocked = set()
+    return _interleave([rank1(w) for w in range(warps)] + [rank0(w) for w in range(warps)], rng)
+
+
+def _interleave(procs, rng):
+    """Step the generators ``procs`` (each step yields True when it made
+    progress, False when it waited) in an order drawn from ``rng`` until all
+    finish; False on deadlock (every unfinished one waiting)."""
+    procs, blocked = list(procs), set()
     while procs:
         runnable = [p for p in procs if p not in blocked]
         if not runnable:
@@ -339,6 +349,95 @@ def test_split_k_exchange_model_catches_mutants(mutant):
     for seed in range(200):
         try:
             caught += not _exchange(4, [False] * 4, random.Random(seed), mutant)
+        except AssertionError:
+            caught += 1
+    assert caught > 0, f"the model misses the planted bug: {mutant}"
+
+
+# ---------------------------------------------------------------------------
+# Split K across a cluster of four: the tree exchange (fp8_gemm_1d2d.cuh,
+# "Split K across the cluster"; docs/design.md "Split K across a cluster of
+# four"), modelled per warp like the pair's above.  Ranks 1 and 3 send into
+# ranks 0 and 2; rank 2 adds and sends into rank 0, whose one buffer takes
+# rank 1's tile and then rank 2's, so its full barrier completes twice per
+# tile and it frees the buffer for rank 2, then (for the next tile) rank 1.
+# ---------------------------------------------------------------------------
+
+def _exchange4(warps, skips, rng, mutant=None):
+    """Run the four ranks' holder warps over tiles in an order drawn from
+    ``rng``; check every read sees the partial sums of its own tile from the
+    rank the tree says, no send overwrites a slot before it was read, and
+    rank 0 ends every tile holding all four quarters.  Returns False on
+    deadlock."""
+    bytes_per_warp = 16 * 32
+    full = [_MBarrier(1) for _ in range(4)]          # receivers' (0 and 2): expect_tx arrival + bytes
+    empty = [_MBarrier(warps) for _ in range(4)]     # senders' (1, 2, 3): one arrival per receiver warp
+    slot = [[None] * warps for _ in range(4)]        # (sender, tile, quarters) sitting in rank r, warp w
+    unread = [[False] * warps for _ in range(4)]
+    done = {}                                        # (tile, warp) -> quarters rank 0 stored
+
+    def send(r, dst, w, t, parity, quarters):
+        while not empty[r].ready(parity):
+            yield False
+        assert not unread[dst][w], f"rank {r} overwrote unread partial sums in rank {dst}"
+        slot[dst][w], unread[dst][w] = (r, t, quarters), True
+        full[dst].complete_tx(bytes_per_warp)
+        yield True
+
+    def receive(r, w, t, parity, sender, release_to, quarters):
+        if w == 0:
+            full[r].arrive(expect_tx=warps * bytes_per_warp)
+        while not full[r].ready(parity):
+            yield False
+        got = slot[r][w]
+        assert got is not None and got[:2] == (sender, t), \
+            f"rank {r} read {got} for tile {t} (expected rank {sender}'s)"
+        unread[r][w] = False
+        quarters |= got[2]
+        empty[release_to].arrive()
+        yield True
+        return quarters
+
+    def rank(r, w):
+        phase = 0
+        for t, skip in enumerate(skips):
+            if skip:
+                continue
+            mine = frozenset([r])
+            if r % 2 == 1:
+                yield from send(r, r - 1, w, t, phase if mutant == "odd parity" else phase ^ 1, mine)
+            elif r == 2:
+                q = yield from receive(2, w, t, phase, 3, 3, mine)
+                first = phase ^ 1 if mutant == "rank 2 first wait passes" else phase
+                yield from send(2, 0, w, t, first, q)
+            else:
+                q = yield from receive(0, w, t, 0, 1, 1 if mutant == "rank 0 frees rank 1 first" else 2, mine)
+                q = yield from receive(0, w, t, 1, 2, 2 if mutant == "rank 0 frees rank 1 first" else 1, q)
+                done[(t, w)] = q
+            phase ^= 1
+
+    if not _interleave([rank(r, w) for r in range(4) for w in range(warps)], rng):
+        return False
+    want = {(t, w) for t, skip in enumerate(skips) if not skip for w in range(warps)}
+    assert set(done) == want and all(q == frozenset(range(4)) for q in done.values()), done
+    return True
+
+
+@settings(max_examples=200, deadline=None)
+@given(warps=st.sampled_from([1, 2, 4, 8]), skips=st.lists(st.booleans(), min_size=1, max_size=7),
+       seed=st.integers(0, 2 ** 32 - 1))
+def test_split_k4_exchange_protocol(warps, skips, seed):
+    import random
+    assert _exchange4(warps, skips, random.Random(seed)), "deadlock"
+
+
+@pytest.mark.parametrize("mutant", ["odd parity", "rank 2 first wait passes", "rank 0 frees rank 1 first"])
+def test_split_k4_exchange_model_catches_mutants(mutant):
+    import random
+    caught = 0
+    for seed in range(300):
+        try:
+            caught += not _exchange4(4, [False] * 4, random.Random(seed), mutant)
         except AssertionError:
             caught += 1
     assert caught > 0, f"the model misses the planted bug: {mutant}"

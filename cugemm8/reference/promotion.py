@@ -196,7 +196,11 @@ def promoted_accumulation_model(a_bits: ArrayLike, sfa: ArrayLike, b_bits: Array
       takes blocks ``[0, nkb/2 + split_skew)`` and CTA 1 the rest (``nkb``
       even), and ``final = fl32(part_0 + part_1)``.  The kernels' skew is
       :func:`cugemm8._config.split_k_skew` (2 with BLOCK_M = 128 and
-      ``nkb >= 16``, else 0).
+      ``nkb >= 16``, else 0);
+    - ``k_splits = 4``: CTA ``r`` of the cluster takes blocks
+      ``[r, r + 1) * nkb/4`` (``nkb`` a multiple of 4, no skew) and the
+      partial tiles meet as a tree, ``final = fl32(fl32(part_0 + part_1) +
+      fl32(part_2 + part_3))`` (ranks 1 and 3 send to 0 and 2, then 2 to 0).
 
     All additions keep subnormals (``add.rn.f32``).  The split orders have
     not been compared bit for bit on a GPU yet; :func:`error_bound` covers
@@ -212,7 +216,7 @@ def promoted_accumulation_model(a_bits: ArrayLike, sfa: ArrayLike, b_bits: Array
         ``mantissa_bits`` fraction bits), ``"truncate"``, ``"exact"`` or
         ``"hopper"`` (per-k32 emulation; see :func:`tensor_core_partial_sums`).
     k_splits : int, keyword-only
-        1 (default) or 2: K split across a CTA pair (see above).
+        1 (default), 2 or 4: K split across a cluster of CTAs (see above).
     warpgroup_split : bool, keyword-only
         The BLOCK_M = 64 kernels' even / odd split between two warpgroups.
     split_skew : int, keyword-only
@@ -226,16 +230,17 @@ def promoted_accumulation_model(a_bits: ArrayLike, sfa: ArrayLike, b_bits: Array
     Raises
     ------
     ValueError
-        On shape mismatch, unknown model, ``k_splits`` not 1 or 2,
-        ``k_splits = 2`` with an odd number of 128-K blocks, or a
-        ``split_skew`` that is odd, negative or leaves CTA 1 no block.
+        On shape mismatch, unknown model, ``k_splits`` not 1, 2 or 4, a
+        number of 128-K blocks that is not a multiple of ``k_splits``, or a
+        ``split_skew`` that is odd, negative, leaves CTA 1 no block or is
+        given with ``k_splits`` other than 2.
     """
     a, sa, b, sb = _check_gemm_2d(a_bits, sfa, b_bits, sfb)
     nkb = _ceil_div(a.shape[1], BLOCK_K)
-    if k_splits not in (1, 2) or isinstance(k_splits, bool):
-        raise ValueError(f"k_splits must be 1 or 2, got {k_splits!r}")
-    if k_splits == 2 and nkb % 2:
-        raise ValueError(f"k_splits = 2 needs an even number of 128-K blocks, got {nkb}")
+    if k_splits not in (1, 2, 4) or isinstance(k_splits, bool):
+        raise ValueError(f"k_splits must be 1, 2 or 4, got {k_splits!r}")
+    if nkb % k_splits:
+        raise ValueError(f"k_splits = {k_splits} needs a multiple of {k_splits} 128-K blocks, got {nkb}")
     if (isinstance(split_skew, bool) or not isinstance(split_skew, (int, np.integer))
             or split_skew < 0 or split_skew % 2 or (split_skew and (k_splits != 2 or split_skew >= nkb // 2))):
         raise ValueError(f"split_skew must be an even int in [0, nkb/2) with k_splits = 2 "
@@ -255,13 +260,18 @@ def promoted_accumulation_model(a_bits: ArrayLike, sfa: ArrayLike, b_bits: Array
         # double rounding innocuous?", SIGNUM 1995), subnormals kept.
         return (x.astype(np.float64) + y.astype(np.float64)).astype(np.float32)
 
-    bounds = [0, nkb] if k_splits == 1 else [0, nkb // 2 + split_skew, nkb]
-    total = None
+    if k_splits == 2:
+        bounds = [0, nkb // 2 + split_skew, nkb]
+    else:
+        bounds = [r * nkb // k_splits for r in range(k_splits + 1)]
+    parts = []
     for r in range(k_splits):
         blocks = list(range(bounds[r], bounds[r + 1]))
-        part = add(chain(blocks[0::2]), chain(blocks[1::2])) if warpgroup_split else chain(blocks)
-        total = part if total is None else add(total, part)
-    return total
+        parts.append(add(chain(blocks[0::2]), chain(blocks[1::2])) if warpgroup_split else chain(blocks))
+    # Pairwise: rank 2r + 1's tile into rank 2r's, then (four) rank 2's into 0's.
+    while len(parts) > 1:
+        parts = [add(parts[i], parts[i + 1]) for i in range(0, len(parts), 2)]
+    return parts[0]
 
 
 def _fma_f32(w: np.ndarray, p: np.ndarray, f: np.ndarray) -> np.ndarray:

@@ -257,23 +257,28 @@ SPLIT_K_MAX_BLOCK_N = 32
 # SPLIT_K4_MAX_PICK_BLOCK_N wide (the narrow-N weights, where two-way split
 # K runs few CTAs or 8-16-column tiles) gives way to the narrowest tile
 # (BLOCK_M 64 on one math warpgroup up to 64 rows, else 128) whose clusters
-# of four all fit at once, with at least SPLIT_K4_MIN_KB K blocks per CTA
+# of four all fit at once, if that tile is at most SPLIT_K4_MAX_TWIN_BLOCK_N
+# wide (the widest measured), with at least SPLIT_K4_MIN_KB K blocks per CTA
 # and m <= SPLIT_K4_MAX_M.  Measured on the H200 (benches/RESULTS.md v0.24,
-# sweep_k4c.log): 576x7168 at M = 16-64 6.6 us against 8.4 (64x24 w1 k4 on
-# 96 CTAs against 64x16 w1 k2 on 72), M = 128 7.9 against 9.0, 64x512x7168
-# 6.8 against 8.3, 64x1024x7168 7.5 against 8.5, 64x576x16384 10.2 against
-# 14.9; where the pick is already 32 wide on a full wave (2112x7168,
-# 4096x7168) four-way tiles of 72-176 columns were 11-26 % slower, and no
-# DeepSeek-V3 benchmark pick changes.
+# sweep_k4c.log, sweep_k4d.log): 576x7168 at M = 1-64 6.5-6.8 us against
+# 8.3-8.4 (64x24 w1 k4 on 96 CTAs against 64x16 w1 k2 on 72), M = 128 7.8
+# against 9.0, 64x512x7168 6.8 against 8.3, 1024x7168 7.2-7.6 against
+# 8.4-8.5, 576x16384 9.9-10.2 against 14.8-15.0, 1536x7168 (64x56 w1 k4) a
+# tie to 3 % faster; where the pick is already 32 wide on a full wave
+# (2112x7168, 4096x7168) four-way tiles of 64-176 columns were 12-41 %
+# slower.  Of the six issue-18 weight shapes none changes (at 132 SMs or a
+# smaller budget: their twins would be wider than 56); 576x7168 (the
+# seventh pair of cugemm8._shapes.DEEPSEEK_NK) does.
 SPLIT_K4_MAX_PICK_BLOCK_N = 24
+SPLIT_K4_MAX_TWIN_BLOCK_N = 56
 SPLIT_K4_MIN_KB = 8
 SPLIT_K4_MAX_M = 128
 # Clusters of four CTAs (one per SM: these kernels' shared memory) that are
 # resident at once: a cluster lives inside one GPC, so the GPCs' SM counts,
 # not the SM total, bound them.  cuOccupancyMaxActiveClusters on the H200
 # (132 SMs): 30 clusters of 4 (120 CTAs) against 66 of 2; a 33-cluster grid
-# ran its last cluster as a second wave (64x64 w1 k4 at 2112x7168: 15.4 us
-# against 10.3 for a 30-cluster tile).  The same fraction is assumed for an
+# ran its last cluster as a second wave (64x64 w1 k4 at 16x2112x7168:
+# 15.4 us against 10.0 for 64x72 w1 k4 on 30 clusters).  The same fraction is assumed for an
 # SM budget below the device's (cugemm8.set_num_sms).
 SPLIT_K4_CLUSTERS_PER_132_SMS = 30
 # One math warpgroup at BLOCK_M = 64 (num_math_warpgroups = 1): its chain
@@ -485,7 +490,7 @@ def quant_a_config(config: GemmConfig, k: int, itemsize: int, smem_limit: int = 
             or config.num_math_warpgroups != 1 or config.num_multicast != 1):
         return None
     stages = MAX_STAGES
-    while stages >= _min_stages(64, config.block_n):
+    while stages >= _min_stages(64, config.block_n, config.num_k_splits):
         size = smem_size(64, config.block_n, stages, k, config.num_k_splits, 1, quant_a=itemsize)
         if size <= smem_limit:
             return dataclasses.replace(config, num_stages=stages, smem_bytes=size)
@@ -1284,7 +1289,8 @@ def _split_k4_twin(kind: str, m: int, n: int, k: int, pick: GemmConfig, num_sms:
     1 <= ``m`` <= SPLIT_K4_MAX_M; its twin is the narrowest BLOCK_N
     (multiples of 8 from the pick's) of BLOCK_M 64 on one math warpgroup
     (``m`` <= 64) or 128 whose tiles times four fit
-    :func:`split_k4_max_ctas`, with the most stages that fit and at least
+    :func:`split_k4_max_ctas`, if it is at most SPLIT_K4_MAX_TWIN_BLOCK_N
+    wide, with the most stages that fit and at least
     SPLIT_K4_MIN_KB of the ``ceil(k / 128)`` K blocks (a multiple of 4) per
     CTA.  The ranking gives the twin the pick's score (the cost model does
     not model four-way split K)."""
@@ -1302,6 +1308,8 @@ def _split_k4_twin(kind: str, m: int, n: int, k: int, pick: GemmConfig, num_sms:
         tiles = _ceil_div(m, bm) * _ceil_div(n, bn)
         if bn < pick.block_n or tiles * 4 > cap:
             continue
+        if bn > SPLIT_K4_MAX_TWIN_BLOCK_N:
+            return None
         stages = max_stages(bm, bn, k, smem_limit, num_k_splits=4, num_math_warpgroups=wgs)
         if not stages:
             return None

@@ -59,7 +59,10 @@ def forced_config(kind: str, m: int, n: int, k: int, num_groups: int, bm: int, b
         _, executed, _ = _config.tile_counts(make(2), m, n, num_groups)
     except Exception:
         return None
-    cfg = make(max(min(num_sms - num_sms % cluster, executed), cluster))
+    # Four-way split K: only the clusters of four that can be resident at
+    # once (a grid past them runs its last clusters as a second wave).
+    limit = _config.split_k4_max_ctas(num_sms) if splits == 4 else num_sms - num_sms % cluster
+    cfg = make(max(min(limit, executed), cluster))
     ok, _ = _config.is_legal(cfg, k=k, available_sms=num_sms)
     return cfg if ok else None
 

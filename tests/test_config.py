@@ -111,15 +111,18 @@ def check_split_k4_choice(cfg: GemmConfig, kind, g, m, n, k, num_sms, smem_limit
     assert kb % 4 == 0 and kb // 4 >= 8
     tiles, executed, n_waves = tile_counts(cfg, m, n, g)
     assert executed == 4 * tiles and n_waves == 1 and cfg.num_sms == 4 * tiles
-    assert cfg.num_sms <= 4 * min(num_sms // 4, num_sms * 30 // 132)
-    assert bn == 8 or -(-m // bm) * -(-n // (bn - 8)) * 4 > cfg.num_sms, "not the narrowest tile"
+    cap = 4 * min(num_sms // 4, num_sms * 30 // 132)
+    assert cfg.num_sms <= cap and bn <= 56
+    ranked = cfgmod.ranked_configs(kind, m, n, k, num_groups=g, num_sms=num_sms, smem_limit=smem_limit,
+                                   warp_mma=False)
+    pick = ranked[1][1]
+    assert ranked[0][1] == cfg and pick.num_k_splits != 4 and pick.block_n <= 24
+    # the narrowest: one step narrower is below the pick's width or needs more clusters than fit
+    assert bn - 8 < pick.block_n or -(-m // bm) * -(-n // (bn - 8)) * 4 > cap, "not the narrowest tile"
     assert cfg.smem_bytes == smem_size(bm, bn, cfg.num_stages, k, 4, cfg.num_math_warpgroups) <= smem_limit
     assert cfg.num_stages == 16 or smem_size(bm, bn, cfg.num_stages + 1, k, 4,
                                              cfg.num_math_warpgroups) > smem_limit
     assert cfg.num_stages >= 3
-    ranked = cfgmod.ranked_configs(kind, m, n, k, num_groups=g, num_sms=num_sms, smem_limit=smem_limit,
-                                   warp_mma=False)
-    assert ranked[0][1] == cfg and ranked[1][1].num_k_splits != 4 and ranked[1][1].block_n <= 24
     assert STR_RE.match(str(cfg)), str(cfg)
 
 
@@ -194,11 +197,9 @@ def test_decode_2112_fills_the_sms():
     tiles, executed, waves = tile_counts(cfg, 64, 2112)
     assert tiles == 66 and executed == 132 and waves == 1 and cfg.num_sms == 132
     # 66 pairs need 132 SMs: split K over pairs only in one wave; on 131 the
-    # cost model's 64x24 (88 CTAs, the whole K each) gives way to the
-    # four-way split-K twin (27 clusters of four)
-    cfg = select_config("normal", 64, 2112, 7168, num_sms=131)
-    assert (cfg.block_n, cfg.num_k_splits, cfg.num_sms) == (80, 4, 108)
-    assert str(cfgmod.ranked_configs("normal", 64, 2112, 7168, num_sms=131)[1][1]) == "64x24 s16 w1 sms88"
+    # four-way twin would be 64x80 (27 clusters), wider than any measured
+    # twin (SPLIT_K4_MAX_TWIN_BLOCK_N), so the cost model's 64x24 stays
+    assert str(select_config("normal", 64, 2112, 7168, num_sms=131)) == "64x24 s16 w1 sms88"
 
 
 def test_m128_2112_splits_k():
@@ -263,12 +264,23 @@ def test_split_k4_twin_picks(m, n, k, want, replaced):
 
 
 @pytest.mark.parametrize("m,n,k", [(64, 2112, 7168), (128, 2112, 7168), (32, 4096, 7168), (128, 1536, 7168),
-                                   (128, 1024, 7168), (64, 576, 2048), (200, 576, 7168), (64, 576, 7168 - 256)])
+                                   (128, 1024, 7168), (64, 576, 2048), (200, 576, 7168), (64, 576, 7168 - 256),
+                                   (32, 2400, 7168), (16, 3168, 16384)])
 def test_no_split_k4_twin(m, n, k):
-    # A pick 32 wide on a full wave (four-way tiles 72-176 wide measured 11-26 %
+    # A pick 32 wide on a full wave (four-way tiles 64-176 wide measured 12-41 %
     # slower), K blocks per CTA under 8 or not a multiple of 4 (K = 2048:
-    # 4 per CTA; 6912 = 54 blocks), or m above 128 (unmeasured).
+    # 4 per CTA; 6912 = 54 blocks), m above 128 (unmeasured), or a twin wider
+    # than 56 (N = 2400, 3168: picks 24 wide or less whose twins are 64x88-112).
     assert select_config("normal", m, n, k).num_k_splits != 4
+
+
+@pytest.mark.parametrize("n,k", DEEPSEEK_NK[:6])
+@pytest.mark.parametrize("num_sms", [132, 131, 128, 120, 114, 100, 96, 64, 33, 8])
+def test_issue18_shapes_never_take_the_split_k4_twin(n, k, num_sms):
+    # The six issue-18 weight shapes, whatever the SM budget: their twins
+    # would be 64-176 wide (measured 12-41 % slower at 132 SMs) or absent.
+    for m in (1, 8, 16, 32, 64, 128):
+        assert select_config("normal", m, n, k, num_sms=num_sms, warp_mma=False).num_k_splits != 4
 
 
 def test_split_k4_grid_fits_the_resident_clusters():

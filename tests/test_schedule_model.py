@@ -385,16 +385,20 @@ def _exchange4(warps, skips, rng, mutant=None):
         yield True
 
     def receive(r, w, t, parity, sender, release_to, quarters):
-        if w == 0:
+        if w == 0 and not (mutant == "one expect_tx per tile" and r == 0 and parity == 1):
             full[r].arrive(expect_tx=warps * bytes_per_warp)
         while not full[r].ready(parity):
             yield False
+        if mutant == "release before read":
+            empty[release_to].arrive()
+            yield True                       # the sender may run between the two
         got = slot[r][w]
         assert got is not None and got[:2] == (sender, t), \
             f"rank {r} read {got} for tile {t} (expected rank {sender}'s)"
         unread[r][w] = False
         quarters |= got[2]
-        empty[release_to].arrive()
+        if mutant != "release before read":
+            empty[release_to].arrive()       # the kernel: __syncwarp, then lane 0's release.cluster arrive
         yield True
         return quarters
 
@@ -431,7 +435,8 @@ def test_split_k4_exchange_protocol(warps, skips, seed):
     assert _exchange4(warps, skips, random.Random(seed)), "deadlock"
 
 
-@pytest.mark.parametrize("mutant", ["odd parity", "rank 2 first wait passes", "rank 0 frees rank 1 first"])
+@pytest.mark.parametrize("mutant", ["odd parity", "rank 2 first wait passes", "rank 0 frees rank 1 first",
+                                    "release before read", "one expect_tx per tile"])
 def test_split_k4_exchange_model_catches_mutants(mutant):
     import random
     caught = 0

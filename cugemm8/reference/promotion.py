@@ -202,9 +202,12 @@ def promoted_accumulation_model(a_bits: ArrayLike, sfa: ArrayLike, b_bits: Array
       partial tiles meet as a tree, ``final = fl32(fl32(part_0 + part_1) +
       fl32(part_2 + part_3))`` (ranks 1 and 3 send to 0 and 2, then 2 to 0).
 
-    All additions keep subnormals (``add.rn.f32``).  The split orders have
-    not been compared bit for bit on a GPU yet; :func:`error_bound` covers
-    every order (its FP32 term bounds any summation tree of ``nkb`` terms).
+    All additions keep subnormals (``add.rn.f32``).  The four-way tree is
+    compared bit for bit with the kernel on the H200
+    (tests/test_gemm_gpu.py::test_split_k4_matches_the_promotion_model); the
+    two-way and warpgroup orders only through :func:`error_bound`, which
+    covers every order (its FP32 term bounds any summation tree of ``nkb``
+    terms).
 
     Parameters
     ----------

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
@@ -116,7 +115,7 @@ def main(argv=None) -> int:
         if not nks or any(len(nk) != 2 or min(nk) < 1 for nk in nks):
             p.error(f"--nk takes NxK pairs of positive integers, got {args.nk!r}")
 
-    from cugemm8 import _device, _jit, gemm as G
+    from cugemm8 import _device, gemm as G
     reason = _device.gpu_unavailable_reason()
     if reason is not None:
         print(f"no usable Hopper GPU ({reason}): nothing to time")
@@ -145,8 +144,8 @@ def main(argv=None) -> int:
                 cfgs += sweep_of(shape, num_sms)
             for cfg in cfgs:
                 jobs[G._kernel_name(cfg, n, k, 0, 1)] = cfg.smem_bytes
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda j: _jit.get_kernel(G._header_of(j[0]), j[0], max_dynamic_smem=j[1]), jobs.items()))
+    for name, why in common.compile_kernels(jobs, G._header_of).items():
+        print(f"compile failed: {name}: {why}")
 
     rows, records = [], []
     for n, k in nks:

@@ -415,6 +415,27 @@ def release_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def compile_kernels(jobs, header_of) -> dict:
+    """Build every kernel of ``jobs`` ({name expression: dynamic shared
+    memory bytes}) before timing, 16 at a time (NVRTC releases the GIL), into
+    CuPy's cache: ``header_of(name)`` gives each one's header.  Returns
+    {name: error text} for the ones that failed (the others are built)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cugemm8 import _jit
+    failed = {}
+
+    def build(item):
+        name, smem = item
+        try:
+            _jit.get_kernel(header_of(name), name, max_dynamic_smem=smem)
+        except Exception as exc:          # reported, not raised: a sweep goes on
+            failed[name] = f"{type(exc).__name__}: {exc}"[:200]
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(build, jobs.items()))
+    return failed
+
+
 def add_run_args(parser, ms_default, *, ms_help: str = "M values", dg_help: str = "time DeepGEMM beside") -> None:
     """The options every same-run bench shares: ``--ms``, ``--reps``,
     ``--passes``, ``--deepgemm`` and ``--json``."""

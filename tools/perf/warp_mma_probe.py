@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -124,16 +123,7 @@ def main(argv=None) -> int:
             tt = -(-m // 8)
             for v in variants(k, tt):
                 jobs[kernel_name(n, k, tt, v)] = smem_bytes(tt, v)
-    failed = {}
-
-    def build(item):
-        name, smem = item
-        try:
-            _jit.get_kernel(HEADER, name, max_dynamic_smem=smem)
-        except Exception as exc:          # report, do not stop the sweep
-            failed[name] = f"{type(exc).__name__}: {exc}"[:200]
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(build, jobs.items()))
+    failed = common.compile_kernels(jobs, lambda _name: HEADER)
     for name, why in failed.items():
         print(f"compile failed: {name}: {why}")
 

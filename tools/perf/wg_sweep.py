@@ -21,7 +21,6 @@ import argparse
 import json
 import statistics
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
@@ -32,7 +31,7 @@ import cupy as cp  # noqa: E402
 
 import common  # noqa: E402
 import cugemm8  # noqa: E402
-from cugemm8 import _jit, _tune, gemm as G  # noqa: E402
+from cugemm8 import _tune, gemm as G  # noqa: E402
 from cugemm8._shapes import DEEPSEEK_NK  # noqa: E402
 from cugemm8.cli import Shape, bf16_to_f64, calc_diff, make_operands, poisoned_out, reference  # noqa: E402
 
@@ -58,8 +57,8 @@ def main() -> int:
         for m in ms:
             for c in shape_candidates(m, n, k, num_sms, args.multicast):
                 jobs[G._kernel_name(c, n, k, 0, 1)] = c.smem_bytes
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda j: _jit.get_kernel(G._header_of(j[0]), j[0], max_dynamic_smem=j[1]), jobs.items()))
+    for name, why in common.compile_kernels(jobs, G._header_of).items():
+        print(f"compile failed: {name}: {why}")
     print(f"{len(jobs)} kernels compiled", flush=True)
     flush = common.L2Flush()
     rows = []

@@ -106,14 +106,7 @@ def main(argv=None) -> int:
     p.add_argument("--sweep-kind", choices=("full", "multicast"), default="full",
                    help="full: the candidates above; multicast: only the pick's multicast twins")
     args = p.parse_args(argv)
-    nks = DEEPSEEK_NK[:6]
-    if args.nk:
-        try:
-            nks = [tuple(int(v) for v in pair.split("x")) for pair in args.nk.split(",") if pair]
-        except ValueError:
-            p.error(f"--nk takes NxK pairs separated by commas, got {args.nk!r}")
-        if not nks or any(len(nk) != 2 or min(nk) < 1 for nk in nks):
-            p.error(f"--nk takes NxK pairs of positive integers, got {args.nk!r}")
+    nks = common.parse_nk(p, args.nk) if args.nk else DEEPSEEK_NK[:6]
 
     from cugemm8 import _device, gemm as G
     reason = _device.gpu_unavailable_reason()

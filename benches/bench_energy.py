@@ -115,14 +115,7 @@ def main(argv=None) -> int:
     p.add_argument("--nk", default="", help="only these (N, K) pairs, e.g. '2112x7168,7168x2048' (default: all six)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    nk_pairs = list(DEEPSEEK_NK[:6])
-    if args.nk:
-        try:
-            nk_pairs = [tuple(int(v) for v in pair.lower().split("x")) for pair in args.nk.split(",") if pair]
-        except ValueError:
-            p.error(f"--nk: pairs like '2112x7168', got {args.nk!r}")
-        if not nk_pairs or any(len(pair) != 2 for pair in nk_pairs):
-            p.error(f"--nk: pairs like '2112x7168', got {args.nk!r}")
+    nk_pairs = common.parse_nk(p, args.nk) if args.nk else list(DEEPSEEK_NK[:6])
     from cugemm8 import _device
     reason = _device.gpu_unavailable_reason()
     if reason is not None:

@@ -415,6 +415,20 @@ def release_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def parse_nk(parser, text: str) -> list:
+    """The (N, K) pairs of a ``--nk`` option, written ``NxK`` and separated
+    by commas (``'2112x7168,7168x2048'``); ``parser.error`` (exit 2) for
+    anything else: no pair, or a pair that is not two positive integers."""
+    try:
+        pairs = [tuple(int(v) for v in pair.lower().split("x")) for pair in text.split(",") if pair]
+    except ValueError:
+        pairs = []
+    if not pairs or any(len(pair) != 2 or min(pair) < 1 for pair in pairs):
+        parser.error(f"--nk: NxK pairs of positive integers separated by commas, e.g. '2112x7168,7168x2048', "
+                     f"got {text!r}")
+    return pairs
+
+
 def compile_kernels(jobs, header_of) -> dict:
     """Build every kernel of ``jobs`` ({name expression: dynamic shared
     memory bytes}) before timing, 16 at a time (NVRTC releases the GIL), into

@@ -278,8 +278,8 @@ SPLIT_K4_MAX_M = 128
 # not the SM total, bound them.  cuOccupancyMaxActiveClusters on the H200
 # (132 SMs): 30 clusters of 4 (120 CTAs) against 66 of 2; a 33-cluster grid
 # ran its last cluster as a second wave (64x64 w1 k4 at 16x2112x7168:
-# 15.4 us against 10.0 for 64x72 w1 k4 on 30 clusters).  The same fraction is assumed for an
-# SM budget below the device's (cugemm8.set_num_sms).
+# 15.4 us against 10.0 for 64x72 w1 k4 on 30 clusters).  The same fraction
+# is assumed for an SM budget below the device's (cugemm8.set_num_sms).
 SPLIT_K4_CLUSTERS_PER_132_SMS = 30
 # One math warpgroup at BLOCK_M = 64 (num_math_warpgroups = 1): its chain
 # is multiplied by ONE_WG_CHAIN, and the two-warpgroup split pays
@@ -1296,8 +1296,7 @@ def _split_k4_twin(kind: str, m: int, n: int, k: int, pick: GemmConfig, num_sms:
     not model four-way split K)."""
     if (kind != "normal" or not 1 <= m <= SPLIT_K4_MAX_M or pick.swap_ab or pick.warp_mma
             or pick.num_multicast != 1 or pick.num_k_splits == 4
-            or pick.block_n > SPLIT_K4_MAX_PICK_BLOCK_N
-            or _ceil_div(m, pick.block_m) * _ceil_div(n, pick.block_n) * pick.num_k_splits > pick.num_sms):
+            or pick.block_n > SPLIT_K4_MAX_PICK_BLOCK_N or tile_counts(pick, m, n)[2] > 1):
         return None
     kb = _ceil_div(k, BLOCK_K)
     if kb % 4 or kb // 4 < SPLIT_K4_MIN_KB:

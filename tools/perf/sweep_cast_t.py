@@ -2,7 +2,8 @@
 built configuration, then their times against a same-size copy and v0.10.
 
     python3 tools/perf/sweep_cast_t.py --out DIR [--reps 30] [--passes 2] [--budget-s 80]
-                                       [--skip-checks] [--extra-cases]
+                                       [--skip-checks] [--extra-cases] [--configs 'C1;C2']
+                                       [--cases 'LABEL1;LABEL2']
 
 1. Every kernel the sweep launches is compiled first, in threads.
 2. Exactness: every configuration of ``quant.transpose_configs`` (both
@@ -91,10 +92,33 @@ CHECK_SHAPES = (((2, 300, 520), False), ((129, 257), True), ((1, 16), False), ((
 # Variants
 # ----------------------------------------------------------------------------
 
+def parse_config(text: str):
+    """``'64c s2 x3 balanced'`` -> TransposeConfig (ValueError otherwise)."""
+    parts = text.split()
+    try:
+        cols, stages, ctas = int(parts[0].rstrip("c")), int(parts[1].lstrip("s")), int(parts[2].lstrip("x"))
+    except (IndexError, ValueError):
+        raise ValueError(f"config {text!r} is not of the form '64c s2 x3 [balanced|full|tiles]'") from None
+    grid = parts[3] if len(parts) > 3 else "balanced"
+    if grid not in ("balanced", "full", "tiles") or len(parts) > 4:
+        raise ValueError(f"config {text!r}: the grid is balanced, full or tiles")
+    return Q.TransposeConfig(cols, stages, ctas, grid)
+
+
+def add_configs(configs) -> None:
+    """Build and time ``configs`` too, for the per-column cast of 16-bit
+    inputs: appended (for this process) to the configurations the library
+    builds, after its default, so every step below treats them as built."""
+    key = ("transpose_column", False)
+    built = Q._TRANSPOSE_CONFIGS[key]
+    Q._TRANSPOSE_CONFIGS[key] = built + tuple(c for c in configs if tuple(c[:3]) not in
+                                              [tuple(b[:3]) for b in built])
+
+
 def variants(kind: str, dtype_name: str) -> list:
     """Every built configuration in both persistent grid forms, and the
     one-tile rings also as one CTA per tile; the default (as it launches)
-    first."""
+    first; then the ``--configs`` ones as given."""
     out = []
     for cfg in Q.transpose_configs(kind, dtype_name):
         forms = [cfg] + [cfg._replace(grid=g) for g in ("balanced", "full", "tiles")
@@ -436,7 +460,14 @@ def main(argv=None) -> int:
                     help="CUPTI timing stops once this many seconds have passed (events continue)")
     ap.add_argument("--skip-checks", action="store_true", help="skip the awkward-shape exactness checks")
     ap.add_argument("--extra-cases", action="store_true", help="also time EXTRA_CASES (smaller and one-round inputs)")
+    ap.add_argument("--configs", default="",
+                    help="more per-column configurations for 16-bit inputs, ';'-separated, e.g. "
+                         "'64c s2 x3;64c s3 x2' (compiled, checked and timed in every grid form)")
+    ap.add_argument("--cases", default="",
+                    help="time only the cases whose label contains one of these ';'-separated strings")
     args = ap.parse_args(argv)
+    add_configs([parse_config(c) for c in args.configs.split(";") if c.strip()])
+    wanted = [c.strip() for c in args.cases.split(";") if c.strip()]
     t0 = time.perf_counter()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -469,6 +500,8 @@ def main(argv=None) -> int:
         f"over the variant's (same method); %ceil: GB/s over the ceiling")
     case_fails = []
     for label, kind, dt, shape in CASES + (EXTRA_CASES if args.extra_cases else ()):
+        if wanted and not any(w in label for w in wanted):
+            continue
         try:
             res = time_case(label, kind, dt, shape, args, flush, ceiling, t0 + args.budget_s, log, case_fails)
             report["cases"].append(res)

@@ -1,7 +1,7 @@
 """Time kernel *source variants* against each other on forced configurations
 (one GPU call).
 
-    python tools/perf/variant_sweep.py PLAN.json [--reps 20] [--json OUT] [--profiler]
+    python tools/perf/variant_sweep.py PLAN.json [--reps 20] [--json OUT] [--profiler] [--bitwise]
 
 A variant is a copy of ``cuda_src/`` with some ``#define NAME VALUE`` lines
 of ``fp8_gemm_1d2d.cuh`` rewritten (experiment switches) and optional
@@ -197,6 +197,9 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--json")
     p.add_argument("--profiler", action="store_true")
+    p.add_argument("--bitwise", action="store_true",
+                   help="also report whether each output equals, bit for bit, the first "
+                        "variant's output on the same case (shape and config)")
     args = p.parse_args(argv)
     plan = json.loads(Path(args.plan).read_text())
     base = _jit.cuda_src_dir()
@@ -243,6 +246,7 @@ def main(argv=None) -> int:
         valid = ops["valid"]
         # k-grouped: k is the groups' total tokens, each group's product [m, n]
         flops = 2 * s.m * s.n * s.k * (1 if s.kind == "k_grouped" else s.num_groups)
+        first_bits = {}   # config text -> (variant, output bytes) of its first checked variant
         for text, name in items:
             cfg = configs[(s, text, name)]
             row = {"shape": s.label(), "kind": s.kind, "config": text, "variant": name}
@@ -256,6 +260,10 @@ def main(argv=None) -> int:
                         run()
                         diff = calc_diff(out_to_f64(out, cp)[valid], ref[valid], cp)
                         row["calc_diff"] = diff
+                        if args.bitwise:
+                            bits = cp.asnumpy(out).tobytes()
+                            ref_name, ref_bits = first_bits.setdefault(text, (name, bits))
+                            row["same_bits_as"] = ref_name if bits == ref_bits else None
                         unchecked = plan["variants"][name].get("unchecked", False)
                         if not diff < 1e-3 and not unchecked:
                             row["status"] = f"WRONG {diff:.2e}"
@@ -271,7 +279,8 @@ def main(argv=None) -> int:
             tf = f"{flops / us / 1e6:6.0f} TF" if us else ""
             print(f"{s.label():20s} {str(cfg) if cfg else text:22s} {name:10s} "
                   f"{us or float('nan'):8.1f} us  kernel {kus or float('nan'):8.1f} us {tf} "
-                  f"{'' if row['status'] == 'ok' else row['status']}", flush=True)
+                  f"{'' if row['status'] == 'ok' else row['status']}"
+                  f"{'' if 'same_bits_as' not in row else ' bits=' + str(row['same_bits_as'])}", flush=True)
             results.append(row)
         del ref, ops
         common.release_memory()

@@ -129,10 +129,16 @@ def names() -> list[str]:
             if not (n == 256 and PATTERNS[p] == "pairs")]
 
 
+def build_module(src: str, name_exprs, root: Path = _ROOT / "cuda_src", extra_options=()) -> dict:
+    """Compile a probe's source for sm_90a against ``cuda_src/`` (its PTX
+    headers); returns {name expression: kernel}."""
+    opts = ("-std=c++17", "-arch=sm_90a", *extra_options, f"-I{root}")
+    mod = cp.RawModule(code=src, options=opts, name_expressions=list(name_exprs))
+    return {nm: mod.get_function(nm) for nm in name_exprs}
+
+
 def build(root: Path = _ROOT / "cuda_src"):
-    opts = ("-std=c++17", "-arch=sm_90a", f"-I{root}")
-    mod = cp.RawModule(code=SRC, options=opts, name_expressions=names())
-    return {nm: mod.get_function(nm) for nm in names()}
+    return build_module(SRC, names(), root)
 
 
 def main() -> int:

@@ -32,7 +32,15 @@ memory, ``%clock64``, median over 132 CTAs of one or two warpgroups):
   half its operations leave the FP32 pipe.
 
 ``mma||fp`` near ``max(mma, fp)`` says the pipes overlap; near ``mma + fp``
-that they do not.
+that they do not.  The instruction order inside one warp is ptxas's, not
+the source's: it moves FP32 operations between and ahead of the four
+QGMMAs (SASS of the v0.25 build: ``pre||fp`` at N = 160 issues 64, 160,
+160 and 160 of its 160 FP32 operations before the first to fourth QGMMA,
+so it is serial by construction; ``mma||fp`` 20 / 36 / 80 / 152; only
+``mma||fp_ldg`` at N = 128, 0 / 0 / 0 / 8, keeps the WGMMAs ahead).
+``split`` has no such order to depend on (one warpgroup's four QGMMAs back
+to back, the other's FP32 work in other warps) and is the one to read;
+its cycles are those of each warpgroup's first warp.
 """
 from __future__ import annotations
 
@@ -209,7 +217,7 @@ def main() -> int:
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     cycles = cp.zeros(2 * sms, dtype=cp.int64)
     sink = cp.zeros(sms * 256, dtype=cp.float32)
-    gsf = cp.zeros(64 * 256, dtype=cp.float32)
+    gsf = cp.zeros(64 * 256 + 512, dtype=cp.float32)   # 64 blocks' scales, 256 floats apart, 288 read
     rows = []
     print(f"{'N':>4} {'WGs':>3} " + " ".join(f"{p:>8}" for p in PATTERNS) + "   (cycles per K block, median over CTAs)")
     for n in NS:

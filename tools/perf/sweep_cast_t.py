@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -92,27 +93,34 @@ CHECK_SHAPES = (((2, 300, 520), False), ((129, 257), True), ((1, 16), False), ((
 # Variants
 # ----------------------------------------------------------------------------
 
+_CONFIG_RE = re.compile(r"(\d+)c s(\d+) x(\d+)(?: (balanced|full|tiles))?")
+
+
 def parse_config(text: str):
-    """``'64c s2 x3 balanced'`` -> TransposeConfig (ValueError otherwise)."""
-    parts = text.split()
-    try:
-        cols, stages, ctas = int(parts[0].rstrip("c")), int(parts[1].lstrip("s")), int(parts[2].lstrip("x"))
-    except (IndexError, ValueError):
-        raise ValueError(f"config {text!r} is not of the form '64c s2 x3 [balanced|full|tiles]'") from None
-    grid = parts[3] if len(parts) > 3 else "balanced"
-    if grid not in ("balanced", "full", "tiles") or len(parts) > 4:
-        raise ValueError(f"config {text!r}: the grid is balanced, full or tiles")
-    return Q.TransposeConfig(cols, stages, ctas, grid)
+    """``'64c s2 x3 [balanced|full|tiles]'`` -> TransposeConfig of the
+    per-column cast for 16-bit inputs (64, 128 or 256 columns: tile rows of
+    128-512 bytes; at least one stage and one CTA per SM; grid balanced by
+    default).  Raises ValueError otherwise."""
+    m = _CONFIG_RE.fullmatch(text.strip())
+    if m is None:
+        raise ValueError(f"config {text!r} is not of the form '64c s2 x3 [balanced|full|tiles]'")
+    cols, stages, ctas = (int(m.group(i)) for i in (1, 2, 3))
+    if cols not in (64, 128, 256) or stages < 1 or ctas < 1:
+        raise ValueError(f"config {text!r}: columns 64, 128 or 256, stages and CTAs per SM at least 1")
+    return Q.TransposeConfig(cols, stages, ctas, m.group(4) or "balanced")
 
 
 def add_configs(configs) -> None:
     """Build and time ``configs`` too, for the per-column cast of 16-bit
     inputs: appended (for this process) to the configurations the library
-    builds, after its default, so every step below treats them as built."""
+    builds, after its default, so every step below treats them as built
+    (every grid form of each is timed, so the grid given only names it)."""
     key = ("transpose_column", False)
-    built = Q._TRANSPOSE_CONFIGS[key]
-    Q._TRANSPOSE_CONFIGS[key] = built + tuple(c for c in configs if tuple(c[:3]) not in
-                                              [tuple(b[:3]) for b in built])
+    built = list(Q._TRANSPOSE_CONFIGS[key])
+    for c in configs:
+        if tuple(c[:3]) not in [tuple(b[:3]) for b in built]:
+            built.append(c)
+    Q._TRANSPOSE_CONFIGS[key] = tuple(built)
 
 
 def variants(kind: str, dtype_name: str) -> list:
@@ -466,8 +474,15 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default="",
                     help="time only the cases whose label contains one of these ';'-separated strings")
     args = ap.parse_args(argv)
-    add_configs([parse_config(c) for c in args.configs.split(";") if c.strip()])
+    try:
+        add_configs([parse_config(c) for c in args.configs.split(";") if c.strip()])
+    except ValueError as exc:
+        ap.error(str(exc))
     wanted = [c.strip() for c in args.cases.split(";") if c.strip()]
+    labels = [c[0] for c in CASES + (EXTRA_CASES if args.extra_cases else ())]
+    unknown = [w for w in wanted if not any(w in label for label in labels)]
+    if unknown:
+        ap.error(f"--cases: no case label contains {unknown} (labels: {labels})")
     t0 = time.perf_counter()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -85,7 +85,8 @@ __global__ void __launch_bounds__(128 * WG, 1) overlap_probe(long long* cycles, 
   const float* sf = reinterpret_cast<const float*>(smem + WG * 8192 + N * 128);
   const uint32_t lane = threadIdx.x % 32, row = threadIdx.x % 128 / 4;
   // The scales of one block: A's two rows, B's column pairs (from shared
-  // memory, or with kGlobal from global memory through the read-only path).
+  // memory, or with `global` UConst<1> from global memory through the
+  // read-only path).
   float sa[2], sa_r[2];
   float2 sb[kAcc / 4], sb_r[kAcc / 4];
   auto load = [&](uint32_t it, auto global, float* a, float2* b) {
@@ -177,6 +178,7 @@ __global__ void __launch_bounds__(128 * WG, 1) overlap_probe(long long* cycles, 
         for (uint32_t i = 0; i < kAcc; ++i) fence_operand(fin[i]);
       }
     } else {
+      static_assert(P == 6, "patterns 0-8");
       wgmma_fp8_k128<N, kAcc>(acc, a_lo, b_lo);
       load(it, UConst<1>{}, sa, sb);
       fp_with(fin, sa, sb);
@@ -225,11 +227,9 @@ def main() -> int:
             line = []
             for p, pat in enumerate(PATTERNS):
                 fn = fns[f"cugemm8::overlap_probe<{n},{p},{wg}>"]
-                smem = wg * 8192 + n * 128 + 2048
-                fn.max_dynamic_shared_size_bytes = smem
-                for _ in range(2):   # the first launch warms the clock
-                    fn((sms,), (128 * wg,), (cycles, sink, np.uint32(args.iters), np.float32(1e-3), gsf), shared_mem=smem)
-                cp.cuda.Device().synchronize()
+                wgmma_probe.launch_warm(fn, (sms,), (128 * wg,),
+                                        (cycles, sink, np.uint32(args.iters), np.float32(1e-3), gsf),
+                                        wg * 8192 + n * 128 + 2048)
                 c = cycles.get()[: sms * wg].reshape(sms, wg)
                 if pat.startswith("split"):
                     if wg == 1:

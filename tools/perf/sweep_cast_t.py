@@ -126,7 +126,7 @@ def add_configs(configs) -> None:
 def variants(kind: str, dtype_name: str) -> list:
     """Every built configuration in both persistent grid forms, and the
     one-tile rings also as one CTA per tile; the default (as it launches)
-    first; then the ``--configs`` ones as given."""
+    first (``--configs`` ones are among the built ones: :func:`add_configs`)."""
     out = []
     for cfg in Q.transpose_configs(kind, dtype_name):
         forms = [cfg] + [cfg._replace(grid=g) for g in ("balanced", "full", "tiles")
@@ -478,11 +478,13 @@ def main(argv=None) -> int:
         add_configs([parse_config(c) for c in args.configs.split(";") if c.strip()])
     except ValueError as exc:
         ap.error(str(exc))
+    cases = CASES + (EXTRA_CASES if args.extra_cases else ())
     wanted = [c.strip() for c in args.cases.split(";") if c.strip()]
-    labels = [c[0] for c in CASES + (EXTRA_CASES if args.extra_cases else ())]
-    unknown = [w for w in wanted if not any(w in label for label in labels)]
+    unknown = [w for w in wanted if not any(w in c[0] for c in cases)]
     if unknown:
-        ap.error(f"--cases: no case label contains {unknown} (labels: {labels})")
+        ap.error(f"--cases: no case label contains {unknown} (labels: {[c[0] for c in cases]})")
+    if wanted:
+        cases = tuple(c for c in cases if any(w in c[0] for w in wanted))
     t0 = time.perf_counter()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -514,9 +516,7 @@ def main(argv=None) -> int:
     log(f"large D2D copy ceiling: {ceiling:.0f} GB/s (2 GB, read + write); %copy: the same-size copy's time "
         f"over the variant's (same method); %ceil: GB/s over the ceiling")
     case_fails = []
-    for label, kind, dt, shape in CASES + (EXTRA_CASES if args.extra_cases else ()):
-        if wanted and not any(w in label for w in wanted):
-            continue
+    for label, kind, dt, shape in cases:
         try:
             res = time_case(label, kind, dt, shape, args, flush, ceiling, t0 + args.budget_s, log, case_fails)
             report["cases"].append(res)

@@ -141,6 +141,15 @@ def build(root: Path = _ROOT / "cuda_src"):
     return build_module(SRC, names(), root)
 
 
+def launch_warm(fn, grid, block, args, smem: int) -> None:
+    """Launch a probe kernel twice (the first launch warms the clock) with
+    ``smem`` bytes of dynamic shared memory, then synchronise."""
+    fn.max_dynamic_shared_size_bytes = smem
+    for _ in range(2):
+        fn(grid, block, args, shared_mem=smem)
+    cp.cuda.Device().synchronize()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=2048)
@@ -159,11 +168,7 @@ def main() -> int:
             if fn is None:
                 line.append(f"{'-':>8}")
                 continue
-            smem = 8192 + n * 128
-            fn.max_dynamic_shared_size_bytes = smem
-            for _ in range(2):   # the first launch warms the clock
-                fn((sms,), (128,), (cycles, sink, np.uint32(args.iters)), shared_mem=smem)
-            cp.cuda.Device().synchronize()
+            launch_warm(fn, (sms,), (128,), (cycles, sink, np.uint32(args.iters)), 8192 + n * 128)
             per_block = float(np.median(cycles.get())) / args.iters
             rows.append({"n": n, "pattern": pat, "cycles_per_block": per_block})
             line.append(f"{per_block:8.1f}")

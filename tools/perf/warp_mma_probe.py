@@ -87,7 +87,8 @@ def launcher(kern, n, k, m, tt, v, a, sfa, b, sfb, out):
     ld_sfa = G._scale_pitch(sfa, m, kb)
     args = (np.uint32(m), np.uint32(kb), np.uint32(0), np.uint64(a.data.ptr), np.uint32(a.strides[0] if m > 1 else k),
             np.uint64(sfa.data.ptr), np.uint32(ld_sfa), np.uint64(b.data.ptr), np.uint32(b.strides[0]),
-            np.uint64(sfb.data.ptr), np.uint64(out.data.ptr), np.uint32(out.strides[0] // 2 if m > 1 else n))
+            np.uint64(sfb.data.ptr), np.uint64(out.data.ptr), np.uint32(out.strides[0] // 2 if m > 1 else n),
+            np.uint32(0))                # shape_k_x: read by the float-A form only
     smem = smem_bytes(tt, v)
 
     def run():
@@ -144,6 +145,11 @@ def main(argv=None) -> int:
                     d = calc_diff(got(), ref, cp)
                 except Exception as exc:
                     status[name] = f"error {type(exc).__name__}: {exc}"[:80]
+                    print(f"{m}x{n}x{k} {name}: {status[name]}", flush=True)
+                    try:                # a kernel fault is sticky: the context is lost, stop here
+                        cp.cuda.runtime.deviceSynchronize()
+                    except Exception:
+                        raise exc from None
                     return
                 status[name] = "ok" if d < CHECK_LIMIT else f"FAIL {d:.1e}"
                 if d < CHECK_LIMIT:

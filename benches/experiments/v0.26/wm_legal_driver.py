@@ -9,8 +9,10 @@ plan's variants raise the launch bounds' CTA count by a source replacement
 so that those CTAs stay resident.  With STAGE=1 every warp-MMA launch gets
 the shared memory that CUGEMM8_WM_STAGE_TOKENS needs (stage_tokens.patch):
 slabs x K splits x ceil(K blocks / K splits) x 1 KB after the reduction
-area (the base kernel leaves it unused); the plan is then run one K at a
-time, since that size depends on K.  ``--json OUT`` writes OUT.k<K> per K.
+area; variants without the switch (the plan's base) leave it unused but
+still ask for it, which matters only where shared memory limits the CTAs
+an SM holds.  The plan runs one K at a time (that size depends on K), so
+``--json OUT`` (as two arguments) writes OUT.k<K> for each K.
 """
 import json
 import os
@@ -59,11 +61,13 @@ def main(argv) -> int:
     plan = json.load(open(plan_path))
     rc = 0
     for k in sorted({c[3] for c in plan["cases"]}):
-        STAGE_K[0] = k if os.environ.get("STAGE") else 0
-        path = tempfile.mktemp(suffix=f"_k{k}.json")
-        json.dump(dict(plan, cases=[c for c in plan["cases"] if c[3] == k]), open(path, "w"))
-        args = [a + (f".k{k}" if i and rest[i - 1] == "--json" else "") for i, a in enumerate(rest)]
-        rc |= variant_sweep.main([path] + args)
+        STAGE_K[0] = k if os.environ.get("STAGE") == "1" else 0
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, f"plan_k{k}.json")
+            with open(path, "w") as f:
+                json.dump(dict(plan, cases=[c for c in plan["cases"] if c[3] == k]), f)
+            args = [a + (f".k{k}" if i and rest[i - 1] == "--json" else "") for i, a in enumerate(rest)]
+            rc |= variant_sweep.main([path] + args)
     return rc
 
 

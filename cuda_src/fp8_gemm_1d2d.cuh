@@ -193,7 +193,11 @@ struct GemmTraits {
   // K-loop unroll factor: 4 for the large tiles with at most two B-scale
   // boundary variants (256x128, 128x192: +1-3 % over 2 at M = 4096), 2
   // elsewhere (4 made the 8-variant 256x112 masked kernel 13 % slower and
-  // the small tiles 0-3 % slower); benches/RESULTS.md, v0.4.
+  // the small tiles 0-3 % slower); benches/RESULTS.md, v0.4.  8 at
+  // BLOCK_M = 256 (DeepGEMM's depth): 199.4 instead of 200.8 SASS
+  // instructions per K block and warp, 0.3-1.3 % faster at M = 4096 in
+  // CUPTI times and sustained loops (benches/RESULTS.md, v0.27); 128x192
+  // spills at 8.
   // The K loop overlaps block j's promotion with block j + 1's WGMMAs (two
   // accumulators: the math loop's kPipelineMma) on one math warpgroup
   // (BLOCK_M = 64, w1) with a third BLOCK_N / 2-register set beside the
@@ -203,7 +207,7 @@ struct GemmTraits {
   // warpgroups of 64 rows each (BLOCK_M = 128) 3-6 % slower, so not there.
   static constexpr bool kPipelineMma = kNumMathWG == 1 && BLOCK_N <= 96;
   static constexpr uint32_t kKLoopUnroll =
-      (BLOCK_M * BLOCK_N >= 128 * 192 && num_former_variants<BLOCK_N>() <= 2) ? 4 : 2;
+      (BLOCK_M * BLOCK_N >= 128 * 192 && num_former_variants<BLOCK_N>() <= 2) ? (BLOCK_M == 256 ? 8 : 4) : 2;
   static constexpr uint32_t kDCols = kSwizzleDBytes ? kSwizzleDBytes / 2 : BLOCK_N;  // columns per TMA store
   static constexpr uint32_t kDRowBytes = kDCols * 2;
   static constexpr uint32_t kNumDStores = BLOCK_N / kDCols;

@@ -1,7 +1,8 @@
 """Energy per GEMM under sustained load, beside DeepGEMM (issue 20; one GPU call).
 
     python benches/bench_energy.py [--ms 4096] [--seconds 1.0] [--rounds 2] [--deepgemm]
-                                   [--configs "256x128 s3 c2,..."] [--nk 2112x7168,...] [--json OUT]
+                                   [--configs "256x128 s3 c2,..."] [--nk 2112x7168,...]
+                                   [--variants PLAN.json:NAME,...] [--json OUT]
 
 At M = 4096 both libraries run against the H200's power cap, so the clock a
 kernel is allowed and the joules it spends per GEMM decide its speed more
@@ -17,12 +18,25 @@ reports per library the median over rounds of
   before and after the loop), divided by the loop's length;
 * mean power (W) over the loop, TFLOPS, TFLOPS per watt (= 2 m n k per
   joule / 1e12), and the SM clock (NVML, sampled every 20 ms while the loop
-  runs, median).
+  runs, median);
+* what held the clock down: NVML's clock-event reasons
+  (``nvmlDeviceGetCurrentClocksEventReasons``, sampled with the clock) as
+  the share of samples each reason was set in (``SWpow`` the software power
+  cap, ``HWslow`` hardware slowdown, ``brake`` the power brake, ``SWtherm`` /
+  ``HWtherm`` thermal), and the GPU temperature (median, °C).  A kernel that
+  runs at a lower clock than another at lower mean power is held by
+  something other than the power cap's average.
 
 ``--configs`` adds forced cugemm8 configurations ('BMxBN sS [w1] [c2|c2B|k2|k4]',
 ``c2`` multicasting A; each with the largest legal grid, skipped where
 illegal) as further entries of the alternation, e.g. to decide a multicast
 on energy and sustained time rather than on one cold-L2 reading.
+``--variants`` adds kernel *source variants* of
+``tools/perf/variant_sweep.py`` plans (``PLAN.json:NAME``: the plan's
+replacements applied to a copy of ``cuda_src/``): each runs the pick and
+every ``--configs`` entry compiled from its tree, named ``+NAME`` in the
+table, in the same alternation (a kernel change decided on sustained loops
+and joules, as issue 20 asks).
 Every library's output is checked against the float64 reference first.  A
 device without NVML's energy counter (or without ``cuda.bindings.nvml``)
 gets times only.  DeepGEMM (``--deepgemm``) needs its tree on PYTHONPATH
@@ -69,6 +83,30 @@ class Nvml:
     def sm_mhz(self) -> int:
         return self.nvml.device_get_clock_info(self.handle, self.nvml.ClockType.CLOCK_SM)
 
+    def reasons(self) -> int | None:
+        """The clock-event reasons' bitmask now, or None where NVML has none."""
+        try:
+            return int(self.nvml.device_get_current_clocks_event_reasons(self.handle))
+        except Exception:
+            return None
+
+    def temperature(self) -> int | None:
+        try:
+            t = self.nvml.device_get_temperature_v(self.handle, self.nvml.TemperatureSensors.GPU)
+            return int(getattr(t, "temperature", t))     # an nvmlTemperature_v1_t or a plain int
+        except Exception:
+            return None
+
+
+# NVML clock-event reason bits (nvml.h, nvmlClocksEventReason*) by short name.
+REASONS = (("SWpow", 0x4), ("HWslow", 0x8), ("SWtherm", 0x20), ("HWtherm", 0x40), ("brake", 0x80),
+           ("board", 0x200), ("rel", 0x400))
+
+
+def reasons_text(shares: dict) -> str:
+    """'SWpow 95%' style text of the reasons set in any sample."""
+    return " ".join(f"{k} {v * 100:.0f}%" for k, v in shares.items() if v > 0) or "none"
+
 
 def sustained(cp, fn, seconds: float, nv: Nvml) -> dict:
     """Run ``fn`` back to back for about ``seconds``: µs per call, J per call,
@@ -88,10 +126,12 @@ def sustained(cp, fn, seconds: float, nv: Nvml) -> dict:
     for _ in range(n):
         fn()
     stop.record()
-    clocks = []
+    clocks, reasons, temps = [], [], []
     while not stop.done:
         if nv.handle:
             clocks.append(nv.sm_mhz())
+            reasons.append(nv.reasons())
+            temps.append(nv.temperature())
         time.sleep(0.02)
     stop.synchronize()
     e1 = nv.energy_mj() if nv.handle else None
@@ -99,6 +139,12 @@ def sustained(cp, fn, seconds: float, nv: Nvml) -> dict:
     out = {"calls": n, "us": ms * 1e3 / n}
     if e0 is not None:
         out["mhz"] = statistics.median(clocks) if clocks else None
+        bits = [r for r in reasons if r is not None]
+        if bits:
+            out["reasons"] = {name: sum(1 for r in bits if r & bit) / len(bits) for name, bit in REASONS}
+        t = [x for x in temps if x is not None]
+        if t:
+            out["temp_c"] = statistics.median(t)
         if e1 > e0:                    # a counter that did not tick gives no reading, not 0 J
             joules = (e1 - e0) / 1e3
             out.update(j=joules / n, watts=joules / (ms / 1e3))
@@ -113,6 +159,8 @@ def main(argv=None) -> int:
     p.add_argument("--deepgemm", action="store_true", help="time DeepGEMM's fp8_gemm_nt beside")
     p.add_argument("--configs", default="", help="forced cugemm8 configs to run too, comma-separated")
     p.add_argument("--nk", default="", help="only these (N, K) pairs, e.g. '2112x7168,7168x2048' (default: all six)")
+    p.add_argument("--variants", default="",
+                   help="kernel source variants to run too, 'PLAN.json:NAME,...' (tools/perf/variant_sweep.py plans)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     nk_pairs = common.parse_nk(p, args.nk) if args.nk else list(DEEPSEEK_NK[:6])
@@ -126,6 +174,7 @@ def main(argv=None) -> int:
     import sweep_configs
     from cugemm8 import gemm as G
     nv = Nvml(cp)
+    variants = _variant_trees(args.variants)
     if nv.handle is None:
         print(f"no NVML energy counter ({nv.reason}): times only")
     dg = None
@@ -158,15 +207,23 @@ def main(argv=None) -> int:
             def ours(out=out, ops=ops, sfa=sfa):
                 cugemm8.gemm_fp8_fp8_bf16_nt((ops["a"], sfa), (ops["b"], ops["sfb"]), out)
             add("cugemm8", "cugemm8", ours, lambda: bf16_to_f64(out, cp))
-            for text in (t.strip() for t in args.configs.split(",") if t.strip()):
-                cfg = sweep_configs.parse_config(text, shape, cugemm8.get_num_sms())
-                if cfg is None:
-                    status[text] = "not legal"
-                    continue
-                o = poisoned_out(shape, ops, cp)
-                launch = G._prepare_launch(cfg, "normal", n, k, 1, m, m, ops["a"], sfa, ops["b"], ops["sfb"], o,
-                                           None, 1)
-                add(f"cugemm8 {cfg}", str(cfg), launch, lambda o=o: bf16_to_f64(o, cp))
+            pick = cugemm8.get_gemm_config("normal", m, n, k)
+            for vname, ctx in [("", None)] + variants:
+                texts = [t.strip() for t in args.configs.split(",") if t.strip()]
+                with (ctx() if ctx else _null()):
+                    for text in ([None] if ctx else []) + texts:
+                        cfg = pick if text is None else sweep_configs.parse_config(text, shape,
+                                                                                     cugemm8.get_num_sms())
+                        # '+NAME', not '[NAME]': rich would read brackets as markup and drop them.
+                        suffix = f" +{vname}" if vname else ""
+                        label = f"{cfg}{suffix}" if cfg is not None else f"{text}{suffix}"
+                        if cfg is None:
+                            status[label] = "not legal"
+                            continue
+                        o = poisoned_out(shape, ops, cp)
+                        launch = G._prepare_launch(cfg, "normal", n, k, 1, m, m, ops["a"], sfa, ops["b"],
+                                                   ops["sfb"], o, None, 1)
+                        add(f"cugemm8 {label}", label, launch, lambda o=o: bf16_to_f64(o, cp))
             if dg is not None:
                 try:
                     run = dg.gemm_nt(ops["a"], sfa, ops["b"], ops["sfb"])
@@ -182,7 +239,10 @@ def main(argv=None) -> int:
             med = {}
             for name, rs in runs.items():
                 med[name] = {key: statistics.median(r[key] for r in rs)
-                             for key in rs[0] if all(r.get(key) is not None for r in rs)}
+                             for key in rs[0] if key != "reasons" and all(r.get(key) is not None for r in rs)}
+                if all("reasons" in r for r in rs):   # share of all rounds' samples
+                    med[name]["reasons"] = {key: statistics.mean(r["reasons"][key] for r in rs)
+                                            for key, _ in REASONS}
             records.append({"m": m, "n": n, "k": k, "config": str(cugemm8.get_gemm_config("normal", m, n, k)),
                             "status": status, "median": med, "runs": runs})
             for name, r in med.items():
@@ -193,11 +253,13 @@ def main(argv=None) -> int:
                              f"{r['watts']:.0f}" if "watts" in r else "-",
                              f"{flops / r['j'] / 1e12:.2f}" if "j" in r else "-",
                              f"{r['mhz']:.0f}" if r.get("mhz") else "-",
+                             reasons_text(r["reasons"]) if "reasons" in r else "-",
+                             f"{r['temp_c']:.0f}" if "temp_c" in r else "-",
                              _ratio(med, name, "us"), _ratio(med, name, "j")))
             common.release_memory()
     print_table(f"sustained loops of {args.seconds:g} s, {args.rounds} alternating rounds (medians)",
                 ("shape", "library", "µs", "TFLOPS", "mJ / GEMM", "W", "TFLOPS / W", "SM MHz",
-                 "time xDG", "energy xDG"), rows)
+                 "clock held by", "°C", "time xDG", "energy xDG"), rows)
     for key, label in (("us", "time"), ("j", "energy")):
         x = [r["median"]["deepgemm"][key] / r["median"]["cugemm8"][key] for r in records
              if key in r["median"].get("deepgemm", {}) and key in r["median"].get("cugemm8", {})]
@@ -208,6 +270,34 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps({"seconds": args.seconds, "rounds": args.rounds,
                                                "nvml": nv.reason or "ok", "records": records}, indent=1))
     return 0
+
+
+def _null():
+    import contextlib
+    return contextlib.nullcontext()
+
+
+def _variant_trees(text: str) -> list:
+    """[(name, context factory)] for 'PLAN.json:NAME,...': each variant's
+    ``cuda_src/`` copy (tools/perf/variant_sweep.py's make_tree, in a
+    temporary directory kept for the process) and the context that points
+    the JIT at it while launches are prepared."""
+    out = []
+    if not text.strip():
+        return out
+    import tempfile
+    sys.path.insert(2, str(_HERE.parent / "tools" / "perf"))
+    from cugemm8 import _jit
+    from variant_sweep import make_tree, variant
+    root = Path(tempfile.mkdtemp(prefix="cugemm8_energy_variant_"))
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        plan, _, name = item.rpartition(":")
+        if not plan or not name:
+            raise SystemExit(f"--variants: want PLAN.json:NAME, got {item!r}")
+        spec = json.loads(Path(plan).read_text())["variants"][name]
+        tree = make_tree(_jit.cuda_src_dir(), spec, root / name)
+        out.append((name, lambda tree=tree, spec=spec: variant(tree, spec)))
+    return out
 
 
 def _positive_int(text: str) -> int:

@@ -49,3 +49,37 @@ def test_no_rounds_is_refused(argv):
     with pytest.raises(SystemExit) as exc:
         bench_energy.main(argv)
     assert exc.value.code == 2
+
+
+class Sampled(FrozenCounter):
+    """A device whose clock-event reasons change between samples and whose energy counter ticks."""
+
+    def __init__(self, reasons):
+        self.seq, self.e = list(reasons), 0
+
+    def energy_mj(self):
+        self.e += 500
+        return self.e
+
+    def reasons(self):
+        return self.seq.pop(0) if self.seq else 0
+
+    def temperature(self):
+        return 61
+
+
+def test_clock_event_reasons_are_shares_of_the_samples():
+    cp = fake_cp()
+    polls = iter([False, False, False, False, True])
+
+    class Stop(cp.cuda.Event):
+        @property
+        def done(self):
+            return next(polls)
+    cp.cuda.Event = Stop
+    out = bench_energy.sustained(cp, lambda: None, 0.0, Sampled([0x4, 0x4 | 0x8, 0x80, 0x1]))
+    r = out["reasons"]
+    assert r["SWpow"] == 0.5 and r["HWslow"] == 0.25 and r["brake"] == 0.25 and r["SWtherm"] == 0, r
+    assert out["temp_c"] == 61 and out["mhz"] == 1500
+    assert bench_energy.reasons_text(r) == "SWpow 50% HWslow 25% brake 25%"
+    assert bench_energy.reasons_text({k: 0 for k, _ in bench_energy.REASONS}) == "none"

@@ -4,6 +4,10 @@
 
 A config is 'BMxBN sS' with an optional ' c2' / ' c2A' (multicast A) or
 ' c2B' (multicast B); the grid is the largest legal one on this device.
+The word ``deepgemm`` instead of a config runs DeepGEMM's ``fp8_gemm_nt``
+on the same operands (its tree on PYTHONPATH, ``../shared/anchors``), so one
+Nsight Compute report holds both libraries' kernels (``-k regex:fp8_gemm``
+matches DeepGEMM's ``sm90_fp8_gemm_1d2d_impl`` too).
 Each config runs RUNS times (default 3) and is then checked against the
 float64 reference.  With VARIANT=PLAN.json:NAME the kernel is that
 ``tools/perf/variant_sweep.py`` plan variant's source (an ``unchecked``
@@ -40,6 +44,20 @@ if os.environ.get("VARIANT"):
     variant_ctx = variant(tree, spec)
     variant_ctx.__enter__()
 for text in sys.argv[4:]:
+    if text == "deepgemm":
+        import common
+        import deepgemm_anchor
+        if deepgemm_anchor.load()[0] is None:
+            print(deepgemm_anchor.load()[1])
+            continue
+        sfa = cugemm8.get_col_major_tma_aligned_tensor(ops["sfa"])
+        run = deepgemm_anchor.gemm_nt(ops["a"], sfa, ops["b"], ops["sfb"])
+        for _ in range(int(os.environ.get("RUNS", "3"))):
+            run()
+        cp.cuda.runtime.deviceSynchronize()
+        print(f"{m}x{n}x{k} deepgemm: calc_diff {calc_diff(common.torch_to_f64(run.out, m), ref, cp):.2e}",
+              flush=True)
+        continue
     cfg = parse_config(text.replace("c2A", "c2"), shape, cugemm8.get_num_sms())
     if cfg is None:
         print(f"{text}: not legal here")

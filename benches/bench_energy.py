@@ -36,7 +36,10 @@ on energy and sustained time rather than on one cold-L2 reading.
 replacements applied to a copy of ``cuda_src/``): each runs the pick and
 every ``--configs`` entry compiled from its tree, named ``+NAME`` in the
 table, in the same alternation (a kernel change decided on sustained loops
-and joules, as issue 20 asks).
+and joules, as issue 20 asks).  The variants launch through the prepared
+launch path of ``--configs``, the plain ``cugemm8`` row through the public
+call: to compare like with like, give the pick's config in ``--configs``
+too.
 Every library's output is checked against the float64 reference first.  A
 device without NVML's energy counter (or without ``cuda.bindings.nvml``)
 gets times only.  DeepGEMM (``--deepgemm``) needs its tree on PYTHONPATH
@@ -91,10 +94,14 @@ class Nvml:
             return None
 
     def temperature(self) -> int | None:
+        """GPU temperature in °C, or None; the first failure's reason is kept
+        in ``temperature_error`` (reported in the JSON)."""
         try:
             t = self.nvml.device_get_temperature_v(self.handle, self.nvml.TemperatureSensors.GPU)
             return int(getattr(t, "temperature", t))     # an nvmlTemperature_v1_t or a plain int
-        except Exception:
+        except Exception as exc:
+            if getattr(self, "temperature_error", None) is None:
+                self.temperature_error = f"{type(exc).__name__}: {exc}"
             return None
 
 
@@ -240,7 +247,7 @@ def main(argv=None) -> int:
             for name, rs in runs.items():
                 med[name] = {key: statistics.median(r[key] for r in rs)
                              for key in rs[0] if key != "reasons" and all(r.get(key) is not None for r in rs)}
-                if all("reasons" in r for r in rs):   # share of all rounds' samples
+                if all("reasons" in r for r in rs):   # mean over rounds of each round's share
                     med[name]["reasons"] = {key: statistics.mean(r["reasons"][key] for r in rs)
                                             for key, _ in REASONS}
             records.append({"m": m, "n": n, "k": k, "config": str(cugemm8.get_gemm_config("normal", m, n, k)),
@@ -268,7 +275,9 @@ def main(argv=None) -> int:
                   f"(min {min(x):.3f}; > 1: cugemm8 {'faster' if key == 'us' else 'spends less'})")
     if args.json:
         Path(args.json).write_text(json.dumps({"seconds": args.seconds, "rounds": args.rounds,
-                                               "nvml": nv.reason or "ok", "records": records}, indent=1))
+                                               "nvml": nv.reason or "ok",
+                                               "temperature_error": getattr(nv, "temperature_error", None),
+                                               "records": records}, indent=1))
     return 0
 
 
@@ -285,17 +294,22 @@ def _variant_trees(text: str) -> list:
     out = []
     if not text.strip():
         return out
+    import atexit
+    import shutil
     import tempfile
     sys.path.insert(2, str(_HERE.parent / "tools" / "perf"))
     from cugemm8 import _jit
     from variant_sweep import make_tree, variant
     root = Path(tempfile.mkdtemp(prefix="cugemm8_energy_variant_"))
-    for item in (t.strip() for t in text.split(",") if t.strip()):
+    atexit.register(shutil.rmtree, root, True)
+    for i, item in enumerate(t.strip() for t in text.split(",") if t.strip()):
         plan, _, name = item.rpartition(":")
         if not plan or not name:
             raise SystemExit(f"--variants: want PLAN.json:NAME, got {item!r}")
+        if any(name == n for n, _ in out):
+            raise SystemExit(f"--variants: the name {name!r} is given twice (the table labels rows by name)")
         spec = json.loads(Path(plan).read_text())["variants"][name]
-        tree = make_tree(_jit.cuda_src_dir(), spec, root / name)
+        tree = make_tree(_jit.cuda_src_dir(), spec, root / f"{i}_{name}")
         out.append((name, lambda tree=tree, spec=spec: variant(tree, spec)))
     return out
 

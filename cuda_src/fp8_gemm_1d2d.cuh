@@ -195,9 +195,9 @@ struct GemmTraits {
   // elsewhere (4 made the 8-variant 256x112 masked kernel 13 % slower and
   // the small tiles 0-3 % slower); benches/RESULTS.md, v0.4.  8 at
   // BLOCK_M = 256 (DeepGEMM's depth): 199.4 instead of 200.8 SASS
-  // instructions per K block and warp, 0.3-1.3 % faster at M = 4096 in
-  // CUPTI times and sustained loops (benches/RESULTS.md, v0.27); 128x192
-  // spills at 8.
+  // instructions per K block and warp, up to 1.3 % faster at M = 4096 in
+  // CUPTI times and sustained loops, 0.2-0.3 % slower (noise) at K <= 1536
+  // (benches/RESULTS.md, v0.27); 128x192 spills at 8.
   // The K loop overlaps block j's promotion with block j + 1's WGMMAs (two
   // accumulators: the math loop's kPipelineMma) on one math warpgroup
   // (BLOCK_M = 64, w1) with a third BLOCK_N / 2-register set beside the

@@ -83,3 +83,31 @@ def test_clock_event_reasons_are_shares_of_the_samples():
     assert out["temp_c"] == 61 and out["mhz"] == 1500
     assert bench_energy.reasons_text(r) == "SWpow 50% HWslow 25% brake 25%"
     assert bench_energy.reasons_text({k: 0 for k, _ in bench_energy.REASONS}) == "none"
+
+
+@pytest.mark.parametrize("value", [57, types.SimpleNamespace(temperature=57)])
+def test_temperature_accepts_an_int_or_nvmls_structure(value):
+    nv = bench_energy.Nvml.__new__(bench_energy.Nvml)
+    nv.handle = object()
+    nv.nvml = types.SimpleNamespace(device_get_temperature_v=lambda h, s: value,
+                                    TemperatureSensors=types.SimpleNamespace(GPU=0))
+    assert nv.temperature() == 57
+
+
+def test_a_failing_temperature_keeps_its_first_reason():
+    def boom(h, s):
+        raise RuntimeError("no sensor")
+    nv = bench_energy.Nvml.__new__(bench_energy.Nvml)
+    nv.handle = object()
+    nv.nvml = types.SimpleNamespace(device_get_temperature_v=boom, TemperatureSensors=types.SimpleNamespace(GPU=0))
+    assert nv.temperature() is None and nv.temperature() is None
+    assert nv.temperature_error == "RuntimeError: no sensor"
+
+
+def test_variants_refuse_a_name_given_twice(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"variants": {"u8": {}}, "cases": []}')
+    with pytest.raises(SystemExit, match="given twice"):
+        bench_energy._variant_trees(f"{plan}:u8,{plan}:u8")
+    with pytest.raises(SystemExit, match="PLAN.json:NAME"):
+        bench_energy._variant_trees("u8")

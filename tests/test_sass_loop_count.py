@@ -22,8 +22,8 @@ SASS = """
 
 
 def test_the_loop_with_the_most_qgmmas_is_the_main_loop():
-    body, q = slc.main_loop(SASS)
-    assert q == 2 and len(body) == 6                # 0x30 .. 0x80, not the one-QGMMA loop at 0x0
+    body, q, rng = slc.main_loop(SASS)
+    assert q == 2 and len(body) == 6 and rng == (0x30, 0x80)   # not the one-QGMMA loop at 0x0
     assert slc.opcode(body[-1]) == "BRA" and slc.opcode(body[0]) == "SYNCS"
 
 
@@ -31,3 +31,14 @@ def test_report_counts_per_k_block():
     text = slc.report(SASS, "x", qgmma_per_block=2)
     assert "1 K blocks" in text and "6.0 per K block" in text and "FFMA 2.00" in text
     assert "no loop" in slc.report("", "y", 8)
+
+
+def test_functions_are_searched_apart():
+    """cuobjdump restarts addresses in each function: the loops must not mix."""
+    other = SASS.replace("FFMA R2", "FADD R2").replace("@!P1 BRA 0x30", "@!P1 BRA.U 0x30")
+    listing = "\n\tFunction : kernel_a\n" + SASS + "\n\tFunction : kernel_b\n" + other
+    assert [n for n, _ in slc.functions(listing)] == ["kernel_a", "kernel_b"]
+    body, q, rng = slc.main_loop(listing)
+    assert q == 2 and len(body) == 6 and rng == (0x30, 0x80)
+    body, q, _ = slc.main_loop("\n\tFunction : kernel_b\n" + other)
+    assert q == 2 and slc.opcode(body[-1]) == "BRA"          # BRA.U is a back edge too

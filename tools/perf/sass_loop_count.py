@@ -12,7 +12,9 @@ per block is the body's length over (QGMMAs / QGMMAs per block).  With
 ``--plan``/``--variant`` the kernel is that ``tools/perf/variant_sweep.py``
 plan variant's source.  benches/RESULTS.md v0.27 compares cugemm8's
 256x128 loop with DeepGEMM's this way (200.8 and 191.8 instructions per K
-block and warp).
+block and warp).  cugemm8's SASS comes from ``cugemm8._jit.compile_only``
+(NVRTC's PTX through the ``ptxas`` found on the machine), a cubin's from
+whatever built it: the two may be different compiler versions.
 """
 from __future__ import annotations
 
@@ -32,19 +34,33 @@ sys.path.insert(1, str(_ROOT / "tools" / "perf"))
 _LINE = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);")
 
 
-def main_loop(sass: str) -> tuple[list[str], int]:
-    """(instructions of the main loop's body, its QGMMA count)."""
-    lines = [(int(m.group(1), 16), m.group(2)) for m in map(_LINE.match, sass.splitlines()) if m]
-    best: tuple[int, list[str]] = (0, [])
-    for addr, text in lines:
-        m = re.search(r"BRA (0x[0-9a-f]+)", text)
-        if m and int(m.group(1), 16) < addr:
-            lo = int(m.group(1), 16)
-            body = [t for a, t in lines if lo <= a <= addr]
-            q = sum("QGMMA" in t for t in body)
-            if q > best[0]:
-                best = (q, body)
-    return best[1], best[0]
+def functions(sass: str) -> list[tuple[str, str]]:
+    """(name, text) of each function of a cuobjdump listing (addresses
+    restart at 0 in each); the whole text as one function without headers."""
+    parts = re.split(r"^\s*Function : (\S+)\s*$", sass, flags=re.M)
+    if len(parts) == 1:
+        return [("", sass)]
+    return list(zip(parts[1::2], parts[2::2]))
+
+
+def main_loop(sass: str) -> tuple[list[str], int, tuple[int, int]]:
+    """(instructions of the main loop's body, its QGMMA count, its address
+    range) over the listing's functions: the backward branch (BRA, BRA.U,
+    BRA.DIV, JMP ...) whose body holds the most QGMMAs.  Where QGMMAs also
+    sit outside the inner K loop (a remainder, a peeled block), an outer
+    loop may hold more: check the printed range."""
+    best: tuple[int, list[str], tuple[int, int]] = (0, [], (0, 0))
+    for _, text in functions(sass):
+        lines = [(int(m.group(1), 16), m.group(2)) for m in map(_LINE.match, text.splitlines()) if m]
+        for addr, ins in lines:
+            m = re.search(r"\b(?:BRA|JMP)(?:\.[A-Z.]+)? (0x[0-9a-f]+)", ins)
+            if m and int(m.group(1), 16) < addr:
+                lo = int(m.group(1), 16)
+                body = [t for a, t in lines if lo <= a <= addr]
+                q = sum("QGMMA" in t for t in body)
+                if q > best[0]:
+                    best = (q, body, (lo, addr))
+    return best[1], best[0], best[2]
 
 
 def opcode(text: str) -> str:
@@ -54,13 +70,13 @@ def opcode(text: str) -> str:
 
 
 def report(sass: str, label: str, qgmma_per_block: int) -> str:
-    body, q = main_loop(sass)
+    body, q, (lo, hi) = main_loop(sass)
     if not q:
         return f"{label}: no loop with QGMMA found"
     blocks = q / qgmma_per_block
     ops = collections.Counter(opcode(t) for t in body)
     top = ", ".join(f"{o} {c / blocks:.2f}" for o, c in ops.most_common(16))
-    return (f"{label}: loop of {len(body)} instructions, {blocks:g} K blocks, "
+    return (f"{label}: loop {lo:#x}-{hi:#x} of {len(body)} instructions, {blocks:g} K blocks, "
             f"{len(body) / blocks:.1f} per K block and warp; {top}")
 
 

@@ -42,3 +42,14 @@ def test_functions_are_searched_apart():
     assert q == 2 and len(body) == 6 and rng == (0x30, 0x80)
     body, q, _ = slc.main_loop("\n\tFunction : kernel_b\n" + other)
     assert q == 2 and slc.opcode(body[-1]) == "BRA"          # BRA.U is a back edge too
+
+
+def test_the_k_loop_is_chosen_over_the_tile_loop_around_it():
+    """A tile loop holding two K loops has more QGMMAs than either; the innermost loop is the K loop."""
+    nested = SASS.replace("        /*0090*/                   EXIT ;", """        /*0090*/                   QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR4], RZ, !UPT ;   /* 0x0 */
+        /*00a0*/                   FFMA R7, R3, R6, R5 ;                  /* 0x0 */
+        /*00b0*/              @!P1 BRA 0x90 ;                              /* 0x0 */
+        /*00c0*/               @P2 BRA 0x30 ;                              /* 0x0 */
+        /*00d0*/                   EXIT ;""")
+    body, q, rng = slc.main_loop(nested)
+    assert q == 2 and rng == (0x30, 0x80)

@@ -45,21 +45,28 @@ def functions(sass: str) -> list[tuple[str, str]]:
 
 def main_loop(sass: str) -> tuple[list[str], int, tuple[int, int]]:
     """(instructions of the main loop's body, its QGMMA count, its address
-    range) over the listing's functions: the backward branch (BRA, BRA.U,
-    BRA.DIV, JMP ...) whose body holds the most QGMMAs.  Where QGMMAs also
-    sit outside the inner K loop (a remainder, a peeled block), an outer
-    loop may hold more: check the printed range."""
+    range) over the listing's functions.  Loops are backward branches (BRA,
+    BRA.U, BRA.DIV, JMP ...); among those holding QGMMAs, only innermost ones
+    count (no other such loop inside: the K loop, not the tile loop around
+    it), and the one with the most QGMMAs wins.  A K loop that the compiler
+    unrolled completely (fewer K blocks than the unroll) has no back edge of
+    its own: the tile loop is then reported; check the printed range."""
     best: tuple[int, list[str], tuple[int, int]] = (0, [], (0, 0))
     for _, text in functions(sass):
         lines = [(int(m.group(1), 16), m.group(2)) for m in map(_LINE.match, text.splitlines()) if m]
+        loops = []
         for addr, ins in lines:
             m = re.search(r"\b(?:BRA|JMP)(?:\.[A-Z.]+)? (0x[0-9a-f]+)", ins)
             if m and int(m.group(1), 16) < addr:
                 lo = int(m.group(1), 16)
                 body = [t for a, t in lines if lo <= a <= addr]
                 q = sum("QGMMA" in t for t in body)
-                if q > best[0]:
-                    best = (q, body, (lo, addr))
+                if q:
+                    loops.append((lo, addr, q, body))
+        for lo, hi, q, body in loops:
+            has_inner = any(lo <= lo2 and hi2 <= hi and (lo2, hi2) != (lo, hi) for lo2, hi2, _, _ in loops)
+            if not has_inner and q > best[0]:
+                best = (q, body, (lo, hi))
     return best[1], best[0], best[2]
 
 

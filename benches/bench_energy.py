@@ -48,6 +48,7 @@ gets times only.  DeepGEMM (``--deepgemm``) needs its tree on PYTHONPATH
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -182,6 +183,7 @@ def main(argv=None) -> int:
     from cugemm8 import gemm as G
     nv = Nvml(cp)
     variants = _variant_trees(args.variants)
+    texts = [t.strip() for t in args.configs.split(",") if t.strip()]
     if nv.handle is None:
         print(f"no NVML energy counter ({nv.reason}): times only")
     dg = None
@@ -216,8 +218,7 @@ def main(argv=None) -> int:
             add("cugemm8", "cugemm8", ours, lambda: bf16_to_f64(out, cp))
             pick = cugemm8.get_gemm_config("normal", m, n, k)
             for vname, ctx in [("", None)] + variants:
-                texts = [t.strip() for t in args.configs.split(",") if t.strip()]
-                with (ctx() if ctx else _null()):
+                with (ctx() if ctx else contextlib.nullcontext()):
                     for text in ([None] if ctx else []) + texts:
                         cfg = pick if text is None else sweep_configs.parse_config(text, shape,
                                                                                      cugemm8.get_num_sms())
@@ -279,11 +280,6 @@ def main(argv=None) -> int:
                                                "temperature_error": getattr(nv, "temperature_error", None),
                                                "records": records}, indent=1))
     return 0
-
-
-def _null():
-    import contextlib
-    return contextlib.nullcontext()
 
 
 def _variant_trees(text: str) -> list:

@@ -703,11 +703,20 @@ def disassemble_ptx(ptx: str) -> str:
             f.write(ptx)
         subprocess.run([ptxas, "-arch=sm_90a", p_ptx, "-o", p_cubin],
                        check=True, capture_output=True, text=True)
-        # cuobjdump runs nvdisasm, which the wheels install beside it.
-        env = dict(os.environ)
-        env["PATH"] = os.path.dirname(cuobjdump) + os.pathsep + env.get("PATH", "")
-        res = subprocess.run([cuobjdump, "-sass", p_cubin], env=env,
-                             capture_output=True, text=True)
-        if res.returncode != 0:
-            raise RuntimeError(f"cuobjdump failed: {res.stderr.strip()}")
-        return res.stdout
+        return disassemble_cubin(p_cubin)
+
+
+def disassemble_cubin(path: str) -> str:
+    """``cuobjdump -sass`` of the cubin at ``path`` (any cubin: cugemm8's or
+    another library's, e.g. DeepGEMM's JIT cache for tools/perf/sass_loop_count.py)."""
+    cuobjdump = find_tool("cuobjdump")
+    if cuobjdump is None:
+        raise FileNotFoundError("cuobjdump is needed for SASS; install the CUDA toolkit or the "
+                                "nvidia-cuda-cuobjdump wheel")
+    # cuobjdump runs nvdisasm, which the wheels install beside it.
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(cuobjdump) + os.pathsep + env.get("PATH", "")
+    res = subprocess.run([cuobjdump, "-sass", path], env=env, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"cuobjdump failed: {res.stderr.strip()}")
+    return res.stdout

@@ -47,8 +47,9 @@ for text in sys.argv[4:]:
     if text == "deepgemm":
         import common
         import deepgemm_anchor
-        if deepgemm_anchor.load()[0] is None:
-            print(deepgemm_anchor.load()[1])
+        dg_module, dg_reason = deepgemm_anchor.load()
+        if dg_module is None:
+            print(dg_reason)
             continue
         sfa = cugemm8.get_col_major_tma_aligned_tensor(ops["sfa"])
         run = deepgemm_anchor.gemm_nt(ops["a"], sfa, ops["b"], ops["sfb"])

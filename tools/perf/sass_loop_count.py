@@ -5,8 +5,9 @@ and warp, by opcode (CPU only: NVRTC, ptxas and cuobjdump, no GPU):
                                          [--plan PLAN.json --variant NAME]
     python tools/perf/sass_loop_count.py --cubin kernel.cubin     # e.g. DeepGEMM's JIT cache
 
-The main loop is the backward branch whose body holds the most QGMMAs; a K
-block of the 1D2D kernel is 8 of them at BLOCK_M = 256 (two 64-row
+The main loop is the innermost backward branch whose body holds the most
+QGMMAs (``main_loop``: the K loop, not the tile loop around it); a K block
+of the 1D2D kernel is 8 of them at BLOCK_M = 256 (two 64-row
 sub-tiles of four k32 WGMMAs per math warpgroup) and 4 below, so the count
 per block is the body's length over (QGMMAs / QGMMAs per block).  With
 ``--plan``/``--variant`` the kernel is that ``tools/perf/variant_sweep.py``
@@ -22,7 +23,6 @@ import argparse
 import collections
 import json
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -103,9 +103,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.cubin:
         from cugemm8 import _jit
-        tool = _jit.find_tool("cuobjdump") or "cuobjdump"
-        sass = subprocess.run([tool, "-sass", args.cubin], capture_output=True, text=True, check=True).stdout
-        print(report(sass, Path(args.cubin).name, args.qgmma_per_block or 8))
+        print(report(_jit.disassemble_cubin(args.cubin), Path(args.cubin).name, args.qgmma_per_block or 8))
         return 0
     if args.n is None or args.k is None or not args.config:
         p.error("N K CONFIG (or --cubin)")

@@ -234,8 +234,8 @@ fp8_gemm_1d1d_kernel(uint32_t shape_m, uint32_t shape_k, const int32_t* __restri
     float final_accum[kWaves][kNumAccum];
 
     auto issue_mma = [&](uint32_t s, uint32_t v) {
-      wgmma_fp8_k128<BLOCK_N, kNumAccum>(accum, desc_a0 + (s * Smem::kA + (row_off(v) - row_off(0)) * 128) / 16,
-                                         desc_b0 + s * Smem::kB / 16);
+      wgmma_fp8_k128<BLOCK_N, kNumAccum>(accum, desc_a0 + s * (Smem::kA / 16) + (row_off(v) - row_off(0)) * 8,
+                                         desc_b0 + s * (Smem::kB / 16));
     };
 
     while (scheduler.next(tile)) {
@@ -276,7 +276,7 @@ fp8_gemm_1d1d_kernel(uint32_t shape_m, uint32_t shape_k, const int32_t* __restri
         auto start = [&](float* acc) {
           const uint32_t s = pipe.stage;
           mbarrier_wait(full_bar + s, pipe.phase);
-          wgmma_fp8_k128<BLOCK_N, kNumAccum>(acc, desc_a0 + s * Smem::kA / 16, desc_b0 + s * Smem::kB / 16);
+          wgmma_fp8_k128<BLOCK_N, kNumAccum>(acc, desc_a0 + s * (Smem::kA / 16), desc_b0 + s * (Smem::kB / 16));
           pipe.advance();
           return s;
         };

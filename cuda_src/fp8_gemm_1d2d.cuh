@@ -534,6 +534,11 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
     const uint32_t desc_b0 = smem_desc_sw128_lo(smem_b(0));
     // kQuantA: the stage's 8 payload rows stand for all 64 (8-row groups 0 bytes apart).
     constexpr uint64_t kADescHi = T::kQuantA ? kSmemDescSw128Hi8Rows : kSmemDescSw128Hi;
+    const uint32_t sfa_row = row_off(0) + warp * 16 + lane / 4;   // this thread's first A-scale row
+    // Stage 0's empty barrier, the address mapped once: this CTA's, or with
+    // multicast CTA `lane`'s of the cluster (lanes < kNumMulticast release there).
+    const uint32_t empty_addr = kNumMulticast > 1 ? mapa_shared(smem_addr(empty_bar), lane % kNumMulticast)
+                                                  : smem_addr(empty_bar);
     float accum[kNumAccum];
     float final_accum[kWaves][kNumAccum];
     uint32_t red_phase = 0;   // split K across the cluster: exchanges done, mod 2
@@ -583,10 +588,13 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
 
         // Issue the four k32 WGMMAs of one stage for sub-tile v into `acc`
         // (the first clears it) and commit them as one group.
+        // Stage offsets as s * (bytes / 16), not (s * bytes) / 16: in 32-bit
+        // arithmetic the two differ on overflow, so the divided form costs a
+        // shift and mask per K block (benches/RESULTS.md v0.28).
         auto issue_mma = [&](float* acc, uint32_t s, uint32_t v) {
           wgmma_fp8_k128<BLOCK_N, kNumAccum, kADescHi>(acc,
-                                                       desc_a0 + (s * Smem::kA + (row_off(v) - row_off(0)) * 128) / 16,
-                                                       desc_b0 + s * Smem::kB / 16);
+                                                       desc_a0 + s * (Smem::kA / 16) + (row_off(v) - row_off(0)) * 8,
+                                                       desc_b0 + s * (Smem::kB / 16));
         };
         // After a wait: the accumulator's values are final from here on
         // (keeps the compiler from reading them earlier).
@@ -598,9 +606,9 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
         // CTA of the cluster.
         auto release = [&](uint32_t s) {
           if constexpr (kNumMulticast == 1) {
-            if (lane == 0) mbarrier_arrive(empty_bar + s);
+            if (lane == 0) mbarrier_arrive_addr(empty_addr + s * 8u);
           } else {
-            if (lane < kNumMulticast) mbarrier_arrive_cluster(empty_bar + s, lane);
+            if (lane < kNumMulticast) mbarrier_arrive_remote(empty_addr + s * 8u);
           }
         };
         // Promotion: final += (SFA[row] * SFB[n-block]) * partial, in FP32.
@@ -649,9 +657,11 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
               float sa[kWaves][2];
               #pragma unroll
               for (uint32_t v = 0; v < kWaves; ++v) {
-                const uint32_t r = row_off(v) + warp * 16 + lane / 4;
-                sa[v][0] = smem_sfa(stage)[r];
-                sa[v][1] = smem_sfa(stage)[r + 8];
+                // The thread's row offset once (sfa_row), the sub-tile's as a
+                // constant: one address per stage instead of one per row.
+                const float* row = smem_sfa(stage) + sfa_row + (row_off(v) - row_off(0));
+                sa[v][0] = row[0];
+                sa[v][1] = row[8];
               }
               #pragma unroll
               for (uint32_t v = 0; v < kWaves; ++v) {

@@ -261,8 +261,8 @@ fp8_gemm_swap_ab_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, c
         }
         #pragma unroll
         for (uint32_t v = 0; v < kWaves; ++v) {
-          wgmma_fp8_k128<BLOCK_M, kNumAccum>(accum[v], desc_w0 + (stage * Smem::kB + v * 64u * 128u) / 16,
-                                             desc_t0 + stage * Smem::kA / 16);
+          wgmma_fp8_k128<BLOCK_M, kNumAccum>(accum[v], desc_w0 + stage * (Smem::kB / 16) + v * (64u * 128u / 16),
+                                             desc_t0 + stage * (Smem::kA / 16));
         }
         wgmma_wait_group<0>();
         #pragma unroll

@@ -29,6 +29,18 @@ __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 
+// Arrivals at an address computed beforehand (a K loop adds the stage's 8
+// bytes to stage 0's instead of converting a pointer each block): this
+// CTA's barrier (shared::cta), or a peer's already mapped by mapa_shared
+// below (shared::cluster, the default .release.cta semantics, as
+// mbarrier_arrive_cluster<false>).
+__device__ __forceinline__ void mbarrier_arrive_addr(uint32_t addr) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(addr) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive_remote(uint32_t remote) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+}
+
 // Address of the same shared-memory offset in CTA `cta_rank` of this
 // cluster, in the shared::cluster window (PTX ISA: mapa).
 __device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t cta_rank) {

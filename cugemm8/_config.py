@@ -240,9 +240,22 @@ MULTICAST_TILES = ((128, 192), (256, 128))
 #: unicast score and multicasts only where it already won: among the
 #: benchmark shapes, 4096x2112x7168 and 8192x2112x7168.  Other normal
 #: shapes where 128x176 wins the ranking (e.g. 4096x2112x2048,
-#: 8192x1056x7168) get the multicast unmeasured.  The 256x128 M = 4096
-#: picks keep no multicast (A multicast there: a tie, v0.17-v0.18).
+#: 8192x1056x7168) get the multicast unmeasured.  The 256x128 picks keep no
+#: B multicast; from K = 8192 they take A's (NORMAL_MULTICAST_A_MIN_K, below).
 NORMAL_MULTICAST_B_TILES = ((128, 176),)
+#: The normal GEMM's A multicast (the cluster's two CTAs take two n-blocks of
+#: one m-block and share A's loads) for a 256x128 pick with K at least
+#: NORMAL_MULTICAST_A_MIN_K, ranked like B's upgrade (by its unicast score).
+#: Measured on the H200 after the v0.27 unroll and the v0.28 loop addressing
+#: (benches/RESULTS.md v0.28, CUPTI kernel times; the sweep over K is
+#: benches/experiments/sweep_v0.28_mc_a.json): 1.2 % faster at K = 8192, 1.6 %
+#: at 10240, 2.1-2.2 % at 12288-16384 (4096x7168xK), 2.4 % at 8192x7168x16384,
+#: 1.2 % at 4096x4096x16384, 1.8 % at 4096x24576x8192; 2.1-2.4 % in 1 s
+#: sustained loops at 4096x7168x16384.  At K <= 7168 it was within noise
+#: (+0.6 % and +1.2 % at 4096x7168x4096 / 7168 in that sweep, -0.6 % at
+#: 4096x4096x7168 in v0.27), so those picks keep no multicast.
+NORMAL_MULTICAST_A_TILES = ((256, 128),)
+NORMAL_MULTICAST_A_MIN_K = 8192
 # Split K across a cluster of 2 (num_k_splits = 2): one wave only, BLOCK_M
 # 64 or 128, BLOCK_N <= 32, an even number of K blocks; C_SPLIT cycles per
 # tile for the DSMEM exchange of the FP32 partial tile (module docstring).
@@ -1205,6 +1218,9 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit, warp_mma=True):
             # 3-20 % slower).
             upgrade_b = (kind == "normal" and (bm, bn) in NORMAL_MULTICAST_B_TILES and num_sms >= 2
                          and rows_of_work >= MULTICAST_MIN_ROWS)
+            # NORMAL_MULTICAST_A_TILES: the same upgrade with A multicast at long K.
+            upgrade_a = (kind == "normal" and (bm, bn) in NORMAL_MULTICAST_A_TILES and num_sms >= 2
+                         and k >= NORMAL_MULTICAST_A_MIN_K and rows_of_work >= MULTICAST_MIN_ROWS)
             if (SPLIT_K_ENABLED and bm in SPLIT_K_BLOCK_MS and bn <= SPLIT_K_MAX_BLOCK_N
                     and num_sms >= 2
                     and _ceil_div(k, BLOCK_K) % 2 == 0
@@ -1226,11 +1242,11 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit, warp_mma=True):
                     continue              # multicast only with more than one wave
                 score, work = _score(kind, bm, bn, st, mc, on_a, m_eff, n, k,
                                      groups, grid, num_experts=num_groups, splits=splits, wgs=wgs)
-                if upgrade_b and mc == 1 and splits == 1:
-                    executed_b = _executed_tiles(groups, mb, nb, 2, False)
-                    grid_b = min(num_sms - num_sms % 2, executed_b)
-                    if _ceil_div(executed_b, grid_b) > 1:
-                        mc, grid = 2, grid_b
+                if (upgrade_a or upgrade_b) and mc == 1 and splits == 1:
+                    executed_mc = _executed_tiles(groups, mb, nb, 2, upgrade_a)
+                    grid_mc = min(num_sms - num_sms % 2, executed_mc)
+                    if _ceil_div(executed_mc, grid_mc) > 1:
+                        mc, on_a, grid = 2, upgrade_a, grid_mc
                 cfg = make_config(kind, bm, bn, st, k, num_multicast=mc,
                                   multicast_on_a=on_a, num_k_splits=splits, num_sms=grid,
                                   num_math_warpgroups=wgs)

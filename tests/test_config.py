@@ -348,6 +348,28 @@ def test_square_4096_is_256x128_without_multicast():
     assert tile_counts(cfg, 4096, 4096) == (512, 512, 4)
 
 
+@pytest.mark.parametrize("m,n,k,want", [
+    (4096, 7168, 16384, True), (8192, 7168, 16384, True), (4096, 4096, 16384, True), (4096, 7168, 8192, True),
+    (4096, 24576, 8192, True), (4096, 7168, 7168, False), (4096, 4096, 7168, False), (4096, 24576, 1536, False),
+    (4096, 32768, 512, False)])
+def test_normal_256x128_takes_a_multicast_from_k_8192(m, n, k, want):
+    # v0.28 (sweep_v0.28_mc_a.json): A multicast 1.2-2.4 % faster on 256x128
+    # from K = 8192, within noise below; ranked by the unicast score.
+    cfg = select_config("normal", m, n, k)
+    assert (cfg.block_m, cfg.block_n) == (256, 128), str(cfg)
+    assert (cfg.num_multicast == 2 and cfg.multicast_on_a) == want, str(cfg)
+    if want:
+        assert cfg.num_sms % 2 == 0 and k >= cfgmod.NORMAL_MULTICAST_A_MIN_K
+
+
+def test_normal_a_multicast_not_below_min_rows_or_on_one_sm():
+    # The upgrade follows the multicast rules: >= MULTICAST_MIN_ROWS rows of
+    # work, two SMs at least, and more than one wave of pairs.
+    assert select_config("normal", 4096, 7168, 16384, num_sms=1).num_multicast == 1
+    small = select_config("normal", 256, 7168, 16384)
+    assert small.num_multicast == 1 or not small.multicast_on_a or (small.block_m, small.block_n) != (256, 128)
+
+
 @pytest.mark.parametrize("kind,g,m,n,k", [c for c in BENCHMARK_CASES if c[0] == "contiguous"])
 def test_contiguous_two_pass_256x128_only_at_long_k(kind, g, m, n, k):
     # Since v0.4 the contiguous layout may use BLOCK_M = 256 (two passes over
@@ -458,7 +480,7 @@ _RESULTS = Path(__file__).resolve().parents[1] / "benches" / "experiments"
 SWEEP_PATHS = (_RESULTS / "sweep_v0.3.json", _RESULTS / "sweep_v0.5_splitk.json",
                _RESULTS / "sweep_v0.6_multicast.json", _RESULTS / "sweep_v0.8_decode.json",
                _RESULTS / "sweep_v0.11_warpgroups.json", _RESULTS / "sweep_v0.11_grouped.json",
-               _RESULTS / "sweep_v0.23_176.json")
+               _RESULTS / "sweep_v0.23_176.json", _RESULTS / "sweep_v0.28_mc_a.json")
 SWEEP_PATH = SWEEP_PATHS[0]
 #: A pick may be this much slower than the shape's fastest measured config.
 #: Run-to-run noise is 2-3 %; the worst pick today is 4.4 % off

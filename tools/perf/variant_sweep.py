@@ -2,6 +2,7 @@
 (one GPU call).
 
     python tools/perf/variant_sweep.py PLAN.json [--reps 20] [--json OUT] [--profiler] [--bitwise]
+                                      [--sweep-json OUT]
 
 A variant is a copy of ``cuda_src/`` with some ``#define NAME VALUE`` lines
 of ``fp8_gemm_1d2d.cuh`` rewritten (experiment switches) and optional
@@ -34,6 +35,9 @@ them again).  Cases of the training kinds (``wgrad``, ``k_grouped``: the
 replacements).  Prints one line per (case, variant).  With ``VARIANT_TREES=DIR`` the
 variant trees are kept in DIR (see :func:`trees_dir`), so a later process
 (``forced_gemm.py`` with ``VARIANT=``) reuses the kernels compiled here.
+``--sweep-json`` also writes the first variant's timings in the config-sweep
+format of ``benches/sweep_configs.py`` (:func:`sweep_json`), so a forced
+comparison can ground a heuristic rule in ``tests/test_config.py``.
 """
 from __future__ import annotations
 
@@ -183,6 +187,32 @@ def variant(tree: Path, spec: dict):
         G.clear_launch_cache()
 
 
+def sweep_json(rows: list, variant_name: str, num_sms: int, note: str) -> dict:
+    """The rows of one variant in the config-sweep format of
+    ``benches/sweep_configs.py`` (``tests/test_config.py`` judges the
+    heuristic's picks by it): one entry per shape, each timed config under
+    its full name (``str(cfg)``, e.g. ``256x128 s3 c2A sms132``) with the
+    CUPTI kernel time where measured, else the CUDA-event time.  A config
+    timed twice keeps the later reading."""
+    shapes: dict = {}
+    for r in rows:
+        if r["variant"] != variant_name or "full_config" not in r:
+            continue
+        key = (r["kind"], r["shape"])
+        entry = shapes.setdefault(key, {"kind": r["kind"], "label": r["shape"], "m": r["m"], "n": r["n"],
+                                        "k": r["k"], "g": r["g"], "heuristic": None, "anchor": None,
+                                        "rows": {}})
+        us = r.get("kernel_us") or r.get("us")
+        entry["rows"][r["full_config"]] = {"config": r["full_config"], "us": us,
+                                           "timer": "cupti" if r.get("kernel_us") else "events",
+                                           "status": r["status"]}
+    out = []
+    for entry in shapes.values():
+        entry["rows"] = list(entry["rows"].values())
+        out.append(entry)
+    return {"num_sms": num_sms, "note": note, "shapes": out}
+
+
 def _build(item) -> str | None:
     try:
         _jit.get_kernel(item[0], item[1], max_dynamic_smem=item[2])
@@ -196,6 +226,9 @@ def main(argv=None) -> int:
     p.add_argument("plan")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--json")
+    p.add_argument("--sweep-json", metavar="OUT",
+                   help="also write the plan's first variant's timings in the config-sweep format "
+                        "(benches/sweep_configs.py --json; tests/test_config.py reads it)")
     p.add_argument("--profiler", action="store_true")
     p.add_argument("--bitwise", action="store_true",
                    help="also report whether each output equals, bit for bit, the first "
@@ -249,10 +282,12 @@ def main(argv=None) -> int:
         first_bits = {}   # config text -> (variant, output bytes) of its first checked variant
         for text, name in items:
             cfg = configs[(s, text, name)]
-            row = {"shape": s.label(), "kind": s.kind, "config": text, "variant": name}
+            row = {"shape": s.label(), "kind": s.kind, "config": text, "variant": name,
+                   "m": s.m, "n": s.n, "k": s.k, "g": s.num_groups}
             if cfg is None:
                 row["status"] = "illegal"
             else:
+                row["full_config"] = str(cfg)
                 with variant(trees[name], plan["variants"][name]), forced(cfg, s):
                     try:
                         out = poisoned_out(s, ops, cp)
@@ -287,6 +322,12 @@ def main(argv=None) -> int:
         common.release_memory()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
+    if args.sweep_json:
+        note = (f"tools/perf/variant_sweep.py {Path(args.plan).name} --reps {args.reps}"
+                f"{' --profiler (CUPTI' if args.profiler else ' (CUDA events'}, 256 MB flush), variant "
+                f"{next(iter(plan['variants']))!r}")
+        Path(args.sweep_json).write_text(
+            json.dumps(sweep_json(results, next(iter(plan["variants"])), num_sms, note), indent=1))
     if not os.environ.get("VARIANT_TREES"):
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

@@ -157,7 +157,8 @@ C_TILE + BM*BN/64 is the per-tile B-scale load, syncs and D staging
   generation-3 "no multicast in one wave" rule.  Both sides are scored.
   Only the kinds in MULTICAST_KINDS consider it, for the tiles in
   MULTICAST_TILES, and the normal GEMM on B for the tiles in
-  NORMAL_MULTICAST_B_TILES (see their comments).
+  NORMAL_MULTICAST_B_TILES and on A for those in NORMAL_MULTICAST_A_TILES
+  from K = NORMAL_MULTICAST_A_MIN_K (8192) (see their comments).
 - The DRAM roof (unique bytes / HBM bandwidth) is the same for every
   candidate of a shape and so is left out of the ranking.
 

@@ -251,10 +251,13 @@ NORMAL_MULTICAST_B_TILES = ((128, 176),)
 #: (benches/RESULTS.md v0.28, CUPTI kernel times; the sweep over K is
 #: benches/experiments/sweep_v0.28_mc_a.json): 1.2 % faster at K = 8192, 1.6 %
 #: at 10240, 2.1-2.2 % at 12288-16384 (4096x7168xK), 2.4 % at 8192x7168x16384,
-#: 1.2 % at 4096x4096x16384, 1.8 % at 4096x24576x8192; 2.1-2.4 % in 1 s
-#: sustained loops at 4096x7168x16384.  At K <= 7168 it was within noise
-#: (+0.6 % and +1.2 % at 4096x7168x4096 / 7168 in that sweep, -0.6 % at
-#: 4096x4096x7168 in v0.27), so those picks keep no multicast.
+#: 1.2 % at 4096x4096x16384, 1.8 % at 4096x24576x8192; 2.1 % in a 1 s
+#: sustained loop at 4096x7168x16384 (v0.27: 2.0-2.4 %), at a higher clock
+#: under the power cap, not in fewer cycles.  At K <= 7168 it was within
+#: noise (+0.6 % and +1.2 % at 4096x7168x4096 / 7168 in that sweep, -0.5 %
+#: at 4096x4096x7168 in v0.27), so those picks keep no multicast.  Among
+#: the benchmark shapes it moves 4096x7168x16384 only; other 256x128 picks
+#: at K >= 8192 (e.g. 1024x24576x8192, 2048x4096x16384) get it unmeasured.
 NORMAL_MULTICAST_A_TILES = ((256, 128),)
 NORMAL_MULTICAST_A_MIN_K = 8192
 # Split K across a cluster of 2 (num_k_splits = 2): one wave only, BLOCK_M

@@ -475,7 +475,9 @@ _RESULTS = Path(__file__).resolve().parents[1] / "benches" / "experiments"
 #: benches/sweep_configs.py --kinds masked,normal --ms 64,128 --top 4
 #: --split-k 3, sweep_v0.11_grouped.json); v0.23 (the 128x176 tile with and
 #: without B multicast against the picks at M = 1024-8192, CUPTI:
-#: tools/perf/variant_sweep.py, sweep_v0.23_176.json).
+#: tools/perf/variant_sweep.py, sweep_v0.23_176.json); v0.28 (256x128 with and
+#: without A multicast over K = 4096-16384, and 128x176 at K = 16384, CUPTI:
+#: variant_sweep.py --sweep-json, sweep_v0.28_mc_a.json).
 #: Each shape is judged by the newest sweep that has it.
 SWEEP_PATHS = (_RESULTS / "sweep_v0.3.json", _RESULTS / "sweep_v0.5_splitk.json",
                _RESULTS / "sweep_v0.6_multicast.json", _RESULTS / "sweep_v0.8_decode.json",

@@ -25,21 +25,19 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_
                : "memory");
 }
 
-__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-
 // Arrivals at an address computed beforehand (a K loop adds the stage's 8
 // bytes to stage 0's instead of converting a pointer each block): this
 // CTA's barrier (shared::cta), or a peer's already mapped by mapa_shared
-// below (shared::cluster, the default .release.cta semantics, as
-// mbarrier_arrive_cluster<false>).
+// below (shared::cluster, the default .release.cta semantics; the forms
+// below taking a pointer call these).
 __device__ __forceinline__ void mbarrier_arrive_addr(uint32_t addr) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(addr) : "memory");
 }
 __device__ __forceinline__ void mbarrier_arrive_remote(uint32_t remote) {
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
+
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) { mbarrier_arrive_addr(smem_addr(bar)); }
 
 // Address of the same shared-memory offset in CTA `cta_rank` of this
 // cluster, in the shared::cluster window (PTX ISA: mapa).
@@ -72,7 +70,7 @@ __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t 
   if constexpr (kReleaseCluster) {
     asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
   } else {
-    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+    mbarrier_arrive_remote(remote);
   }
 }
 

@@ -323,11 +323,10 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     if args.sweep_json:
+        first = next(iter(plan["variants"]))
         note = (f"tools/perf/variant_sweep.py {Path(args.plan).name} --reps {args.reps}"
-                f"{' --profiler (CUPTI' if args.profiler else ' (CUDA events'}, 256 MB flush), variant "
-                f"{next(iter(plan['variants']))!r}")
-        Path(args.sweep_json).write_text(
-            json.dumps(sweep_json(results, next(iter(plan["variants"])), num_sms, note), indent=1))
+                f"{' --profiler (CUPTI' if args.profiler else ' (CUDA events'}, 256 MB flush), variant {first!r}")
+        Path(args.sweep_json).write_text(json.dumps(sweep_json(results, first, num_sms, note), indent=1))
     if not os.environ.get("VARIANT_TREES"):
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

@@ -860,17 +860,26 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
           // Row-level layout contract: -1 rows are written as zeros; a row whose
           // expert differs from its block's (or any row of a block with an
           // invalid expert id) is a layout violation and is written as NaN.
+          // The common case, all 16 of the warp's rows with the block's expert,
+          // is one vote: the selects (two per accumulator) run only in warps
+          // with padding or violating rows.
+          int32_t e[2];
           #pragma unroll
           for (uint32_t h = 0; h < 2; ++h) {
             const uint32_t r = r0 + h * 8;
-            const int32_t e = r < shape_m ? __ldg(grouped_layout + r) : -1;
-            const bool zero = e == -1, bad = !zero && (skip || e != b_group);
+            e[h] = r < shape_m ? __ldg(grouped_layout + r) : -1;
+          }
+          if (!__all_sync(0xffffffffu, !skip && e[0] == b_group && e[1] == b_group)) {
             #pragma unroll
-            for (uint32_t i = 0; i < kNumAccum / 4; ++i) {
+            for (uint32_t h = 0; h < 2; ++h) {
+              const bool zero = e[h] == -1, bad = !zero && (skip || e[h] != b_group);
               #pragma unroll
-              for (uint32_t j = 0; j < 2; ++j) {
-                float& x = final_accum[v][i * 4 + h * 2 + j];
-                x = zero ? 0.f : (bad ? __int_as_float(0x7fffffff) : x);
+              for (uint32_t i = 0; i < kNumAccum / 4; ++i) {
+                #pragma unroll
+                for (uint32_t j = 0; j < 2; ++j) {
+                  float& x = final_accum[v][i * 4 + h * 2 + j];
+                  x = zero ? 0.f : (bad ? __int_as_float(0x7fffffff) : x);
+                }
               }
             }
           }

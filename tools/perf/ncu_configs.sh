@@ -2,12 +2,14 @@
 # Profile forced GEMM configurations with Nsight Compute on the H200
 # (clock control off: the device tool's GPU reads counters that way).
 #   OUT=dir bash tools/perf/ncu_configs.sh M N K "256x128 s3" "256x128 s3 c2A" [deepgemm] ...
+# (KIND=contiguous NGROUPS=G: that grouped GEMM, M rows per group; forced_gemm.py.
+#  Not GROUPS: bash keeps its own GROUPS array and drops an assignment to it.)
 # ("deepgemm": DeepGEMM's kernel on the same operands, its tree on PYTHONPATH.)
-# Writes $OUT/ncu_MxNxK.txt (the sections below for every launch) and prints
+# Writes $OUT/ncu_[KIND_gG_]MxNxK.txt (the sections below for every launch) and prints
 # the headline counters.
 set -u
 m=$1 n=$2 k=$3; shift 3
-out=${OUT:-.}/ncu_${m}x${n}x${k}.txt
+out=${OUT:-.}/ncu_${KIND:-normal}${NGROUPS:+_g$NGROUPS}_${m}x${n}x${k}.txt
 RUNS=1 ncu --clock-control none -k regex:fp8_gemm \
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
   --section WarpStateStats --section SchedulerStats --section InstructionStats \

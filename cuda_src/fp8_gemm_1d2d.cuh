@@ -19,7 +19,8 @@
 //   accumulator with CUDA-core FFMAs, so nothing long is ever accumulated
 //   inside the tensor core;
 // * persistent CTAs walking a rasterised tile order (scheduler.cuh), optional
-//   TMA multicast of A or B across a cluster of two;
+//   TMA multicast of A or B across a cluster of two (on the contiguous
+//   layout B is shared only by two m-blocks of one expert: kPairedB);
 // * or, for small M, split K across a cluster of two or four (kNumKSplits):
 //   every CTA of the cluster takes the same tile and its share of the K
 //   blocks, and the FP32 partial tiles meet in rank 0 by st.async into a
@@ -241,6 +242,8 @@ struct GemmTraits {
   static_assert(kNumKSplits == 1 || kNumKSplits == 2 || kNumKSplits == 4, "K is split across 1, 2 or 4 CTAs");
   static_assert(kNumKSplits == 1 || kNumMulticast == 1, "a cluster either multicasts or splits K");
   static_assert(kNumKSplits == 1 || BLOCK_M <= 128, "split K is for BLOCK_M 64 and 128");
+  static_assert(kGemmType == kNormal || kGemmType == kGroupedContiguous || kNumMulticast == 1 || kMulticastOnA,
+                "B multicast: normal and contiguous GEMMs");
   // An even count splits evenly, or by +-kSplitSkew; each rank's K loop has
   // a compile-time trip count (a run-time one made the 128x64 K = 2048
   // kernel spill).
@@ -321,6 +324,11 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
   constexpr uint32_t kNumAccum = T::kNumAccum;
   constexpr uint32_t kWaves = T::kWaves;
   constexpr uint32_t kNumMathWG = T::kNumMathWG;
+  // B multicast on the contiguous layout: the cluster's two 128-row m-blocks
+  // share B only when they have one expert (decided per tile, as DeepGEMM's
+  // scheduler does: deep_gemm/include/deep_gemm/scheduler/gemm.cuh,
+  // is_tma_multicast_valid), so skipped tiles cannot leave the stage ring.
+  constexpr bool kPairedB = kGemmType == kGroupedContiguous && kNumMulticast == 2 && !kMulticastOnA;
 
   extern __shared__ __align__(1024) uint8_t smem[];
   uint64_t* full_bar = reinterpret_cast<uint64_t*>(smem + Smem::kOffBar);
@@ -451,10 +459,13 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
       // policy held across the unrolled loop spilled on the producer's 40
       // registers.
       const bool b_evict_first = (flags & kFlagBEvictFirst) != 0;
-      auto load_b = [&](uint64_t* bar, uint32_t stage_b, uint32_t kb, int32_t b_row, int32_t b_group) {
+      // `b_shared`: the cluster's two tiles read the same B box (always with
+      // B multicast, except on the contiguous layout: kPairedB).
+      auto load_b = [&](uint64_t* bar, uint32_t stage_b, uint32_t kb, int32_t b_row, int32_t b_group,
+                        bool b_shared) {
         const int32_t k = static_cast<int32_t>(kb * 128);
         const uint64_t b_policy = b_evict_first ? l2_policy_evict_first() : l2_policy_evict_normal();
-        if constexpr (kNumMulticast == 2 && !kMulticastOnA) {
+        if (kNumMulticast == 2 && !kMulticastOnA && b_shared) {
           if (rank == 0) tma_load_3d_multicast_hint(smem_b(stage_b), &tmap_b, bar, 0b11, b_policy, k, b_row, b_group);
         } else {
           tma_load_3d_hint(smem_b(stage_b), &tmap_b, bar, b_policy, k, b_row, b_group);
@@ -465,7 +476,20 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
         bool skip, absent;
         uint32_t stores;
         resolve(tile, b_group, skip, absent, stores);
-        if (skip || absent) continue;
+        // kPairedB: every tile runs through the stages, skipped ones too (the
+        // peer's consumers release this CTA's stages, and with a shared B
+        // this CTA's loads fill the peer's); B is multicast only when the
+        // peer m-block has the same (valid) expert, else each CTA loads its
+        // own, a skipped tile expert 0's (its MMAs do not run).
+        bool b_shared = true;
+        if constexpr (kPairedB) {
+          const uint32_t peer_row = (tile.m_block ^ 1u) * BLOCK_M;
+          const int32_t peer_group = peer_row < shape_m ? __ldg(grouped_layout + peer_row) : -1;
+          b_shared = !skip && peer_group == b_group;
+          if (skip) b_group = 0;
+        } else if (skip || absent) {
+          continue;
+        }
         const int32_t a_row = static_cast<int32_t>(tile.m_block * BLOCK_M);
         const int32_t a_group = kGemmType == kGroupedMasked ? static_cast<int32_t>(tile.group) : 0;
         const int32_t b_row = static_cast<int32_t>(tile.n_block * BLOCK_N);
@@ -488,7 +512,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
             tma_load_3d(const_cast<float*>(smem_sfa(stage)), &tmap_sfa, bar, a_row, static_cast<int32_t>(kb),
                         a_group);
           }
-          load_b(bar, stage, kb, b_row, b_group);
+          load_b(bar, stage, kb, b_row, b_group, b_shared);
           pipe.advance();
         };
         if constexpr (kNumKSplits > 1) {
@@ -754,6 +778,15 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
             for (uint32_t i = 0; i < kNumAccum; ++i) final_accum[0][i] = add_rn(final_accum[0][i], red[i * 128 + tid]);
           }
           named_barrier_sync(1, T::kNumMathThreads);
+        }
+      } else if constexpr (kPairedB) {
+        // A skipped tile's stages (kPairedB: the producer fills them): wait
+        // and release each, with no MMA, in step with the peer CTA.
+        #pragma unroll 1
+        for (uint32_t j = 0; j < kNumKBlocks; ++j) {
+          mbarrier_wait(full_bar + pipe.stage, pipe.phase);
+          if (lane < kNumMulticast) mbarrier_arrive_remote(empty_addr + pipe.stage * 8u);
+          pipe.advance();
         }
       }
       if constexpr (kNumKSplits > 1) {

@@ -7,7 +7,9 @@
 //
 // Work is handed out in "cluster tiles": with TMA multicast the two CTAs of a
 // cluster take the two halves of one cluster tile, sharing the multicast
-// operand (same m-block when A is multicast, same n-block when B is).  A CTA
+// operand (same m-block when A is multicast, same n-block when B is; on the
+// contiguous layout B only when the two m-blocks have one expert, else each
+// CTA loads its own: fp8_gemm_1d2d.cuh, kPairedB).  A CTA
 // whose half falls outside the matrix runs a *phantom* tile: it still loads
 // (TMA fills zeros out of bounds) and computes, so both CTAs walk their
 // pipelines in lockstep, but it stores nothing.
@@ -53,7 +55,10 @@ struct TileScheduler {
   static constexpr uint32_t kBandM = 8;
   static constexpr uint32_t kMPasses = (kGemmType == kGroupedContiguous && BLOCK_M == 256) ? 2 : 1;
   static_assert(kGemmType != kGroupedMasked || kPairM == 1, "masked GEMMs multicast A only");
-  static_assert(kGemmType != kGroupedContiguous || kPairM == 1, "contiguous GEMMs multicast A only");
+  // Contiguous B multicast pairs two 128-row m-blocks; whether they share
+  // an expert (and so B) is decided per tile by the kernel.
+  static_assert(kGemmType != kGroupedContiguous || kPairM == 1 || BLOCK_M == 128,
+                "contiguous GEMMs multicast B only with BLOCK_M = 128");
   static_assert(kGemmType != kGroupedK || kNumMulticast == 1, "k-grouped GEMMs do not multicast");
 
   struct Tile {

@@ -880,8 +880,10 @@ def is_legal(config: GemmConfig | None = None, *, k: int | None = None,
         return False, f"multicast_on_a must be a bool, got {c.multicast_on_a!r}"
     if c.num_multicast == 1 and c.multicast_on_a:
         return False, "multicast_on_a must be False without multicast"
-    if c.num_multicast == 2 and not c.multicast_on_a and c.kind != "normal":
-        return False, f"multicast on B is only legal for kind 'normal', not {c.kind!r}"
+    if c.num_multicast == 2 and not c.multicast_on_a and c.kind not in ("normal", "contiguous"):
+        return False, f"multicast on B is only legal for kinds 'normal' and 'contiguous', not {c.kind!r}"
+    if c.num_multicast == 2 and not c.multicast_on_a and c.kind == "contiguous" and bm != 128:
+        return False, f"contiguous multicast on B pairs 128-row expert blocks: block_m must be 128, got {bm}"
     if c.num_sms < 1:
         return False, f"num_sms (grid) must be >= 1, got {c.num_sms}"
     if c.num_multicast == 2 and c.num_sms % 2:

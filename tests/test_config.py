@@ -664,7 +664,10 @@ def test_swizzle():
     (dict(num_multicast=2, num_sms=131), "even"),
     (dict(num_multicast=3, num_sms=132), "num_multicast"),
     (dict(num_multicast=2, multicast_on_a=False, kind="masked", num_sms=132), "only legal"),
-    (dict(num_multicast=2, multicast_on_a=False, kind="contiguous", num_sms=132), "only legal"),
+    (dict(num_multicast=2, multicast_on_a=False, kind="contiguous", block_m=256, num_stages=3, num_sms=132),
+     "block_m must be 128"),
+    (dict(num_multicast=2, multicast_on_a=False, kind="contiguous", block_m=64, block_n=64, num_stages=8,
+          num_sms=132), "block_m must be 128"),
     (dict(num_sms=0), "num_sms"),
     (dict(num_sms=200), "exceeds"),
 ])
@@ -673,6 +676,13 @@ def test_is_legal_rejects(fields, reason):
                 multicast_on_a=False, num_sms=132)
     ok, why = is_legal(k=7168, available_sms=132, **{**base, **fields})
     assert not ok and reason in why, why
+
+
+def test_contiguous_b_multicast_is_legal_at_block_m_128():
+    # v0.29: B shared by the cluster's two 128-row blocks when they have one expert.
+    cfg = make_config("contiguous", 128, 192, 4, 2048, num_multicast=2, multicast_on_a=False, num_sms=132)
+    assert is_legal(cfg, k=2048, available_sms=132) == (True, "ok")
+    assert str(cfg).endswith("c2B sms132")
 
 
 def test_is_legal_field_mismatches():

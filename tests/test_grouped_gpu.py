@@ -82,9 +82,12 @@ def test_contiguous_sweep(cp, sizes, n, k, seed):
 # padding, empty experts and a 1-row expert: with BLOCK_M = 256 most tiles
 # straddle two experts (or an expert and padding) and need the second pass.
 STRADDLING_SIZES = [128, 384, 0, 200, 256, 1, 129, 640]
+# B multicast (128x192 / 128x64 c2B) pairs 128-row blocks across those
+# boundaries: pairs with one expert share B, the others load their own, and
+# a skipped (padding) block or an empty second block still walks the stages.
 CONTIGUOUS_FORCED = [(256, 128, 3, 1, False), (256, 112, 3, 1, False), (256, 128, 3, 2, True),
                      (128, 192, 4, 2, True), (128, 64, 4, 1, False), (64, 32, 8, 1, False),
-                     (128, 176, 4, 1, False)]
+                     (128, 176, 4, 1, False), (128, 192, 4, 2, False), (128, 64, 4, 2, False)]
 
 
 @pytest.mark.parametrize("bm,bn,stages,mc,on_a", CONTIGUOUS_FORCED)
@@ -100,13 +103,16 @@ def test_contiguous_forced_configs(cp, bm, bn, stages, mc, on_a, num_sms):
         check_contiguous(cp, np.random.default_rng(bm * bn + num_sms), STRADDLING_SIZES, n, k)
 
 
-@pytest.mark.parametrize("forced", [None, (256, 128, 3), (256, 128, 3, 2), (128, 128, 4)])
+@pytest.mark.parametrize("forced", [None, (256, 128, 3), (256, 128, 3, 2, True), (128, 128, 4),
+                                    (128, 128, 4, 2, False)])
 def test_contiguous_two_pass_edge_layouts(cp, forced):
     # 128-row blocks: [e0, e0 | e1 (+ padding rows), all padding | all
     # padding, e2 (+ a stray e3 row: NaN) | e3, cut short].  With 256-row tiles:
     # a tile with one expert (one pass), an expert then a padding block (pass
     # 1 with expert -1: zeros), a padding block then an expert (pass 0 skips,
     # pass 1 computes), and a last tile whose second block lies past m_sum.
+    # With 128-row tiles and B multicast the pairs are (e0, e0): B shared;
+    # (e1, padding) and (padding, e2): one side skipped; (e3, past m_sum).
     g, n, k = 4, 520, 576
     blocks = [0, 0, 1, -1, -1, 2, 3]
     idx = np.repeat(np.array(blocks, np.int32), 128)
@@ -115,10 +121,10 @@ def test_contiguous_two_pass_edge_layouts(cp, forced):
     idx[bad] = 3                                    # a layout violation in expert 2's block
     idx = idx[:6 * 128 + 88]                        # the last block is cut short
     cfg = None
-    if forced is not None:                          # (BM, BN, stages[, 2: A multicast])
-        mc = forced[3] if len(forced) > 3 else 1
+    if forced is not None:                          # (BM, BN, stages[, multicast, on A])
+        mc, on_a = forced[3:] if len(forced) > 3 else (1, False)
         cfg = _config.make_config("contiguous", *forced[:3], k, num_multicast=mc,
-                                  multicast_on_a=mc == 2, num_sms=132)
+                                  multicast_on_a=on_a, num_sms=132)
     with _gemm._forced_config(cfg):
         check_contiguous_layout(cp, np.random.default_rng(7), idx, g, n, k, junk_padding=False,
                                 nan_rows=(bad,))
@@ -143,16 +149,25 @@ def test_contiguous_layout_violations_are_nan(cp, forced):
     assert bool(cp.isfinite(f[:5]).all()) and bool(cp.isfinite(f[131:]).all())
 
 
-def test_contiguous_all_padding_and_empty(cp):
+@pytest.mark.parametrize("c2b", [False, True])
+def test_contiguous_all_padding_and_empty(cp, c2b):
+    # c2b: 128x128 with B multicast, every pair of blocks skipped (and an odd
+    # block count: the last pair's second block lies past m_sum).
     rng = np.random.default_rng(2)
-    check_contiguous(cp, rng, [0, 0, 0], 256, 256)
-    m_indices = cp.full((256,), -1, cp.int32)
-    a = H.random_fp8(cp, rng, (256, 256))
-    sfa = H.random_scales(cp, rng, (256, 2))
+    cfg = (_config.make_config("contiguous", 128, 128, 4, 256, num_multicast=2, multicast_on_a=False, num_sms=132)
+           if c2b else None)
+    with _gemm._forced_config(cfg):
+        check_contiguous(cp, rng, [0, 0, 0], 256, 256)
+    m = 384 if c2b else 256
+    m_indices = cp.full((m,), -1, cp.int32)
+    a = H.random_fp8(cp, rng, (m, 256))
+    sfa = H.random_scales(cp, rng, (m, 2))
     b, sfb = expert_weights(cp, rng, 3, 256, 256)
-    out, full = H.poisoned_out(cp, 256, 256)
-    cugemm8.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sfa), (b, sfb), out, m_indices)
+    out, full = H.poisoned_out(cp, m, 256)
+    with _gemm._forced_config(cfg):
+        cugemm8.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sfa), (b, sfb), out, m_indices)
     assert bool(cp.all(out.astype(cp.float32) == 0))
+    assert H.guards_intact(cp, full, m, 256)
 
 
 # ---------------------------------------------------------------- masked

@@ -25,7 +25,8 @@ GROUPED = [("contiguous", 4 * 8192, 4096, 7168, 4), ("contiguous", 4 * 8192, 716
 # Extra edge instantiations: every swizzle width, both multicast sides, BLOCK_N 8 / 136 / 160.
 FORCED = [("normal", 64, 8, 16, 1, False, 576, 7168), ("normal", 128, 136, 4, 1, False, 1000, 1040),
           ("normal", 128, 160, 4, 2, True, 1000, 1040), ("normal", 256, 128, 3, 2, False, 1000, 1040),
-          ("normal", 64, 24, 6, 2, False, 1000, 1040), ("masked", 256, 112, 3, 2, True, 1000, 640)]
+          ("normal", 64, 24, 6, 2, False, 1000, 1040), ("masked", 256, 112, 3, 2, True, 1000, 640),
+          ("contiguous", 128, 192, 4, 2, False, 520, 1040), ("contiguous", 128, 64, 4, 2, False, 520, 1040)]
 # Split K across a CTA pair (kind, bm, bn, stages, n, k): the forms the GPU tests force.
 SPLIT_K = [("normal", 64, 16, 8, 1000, 1168), ("normal", 128, 64, 6, 1000, 1168),
            ("contiguous", 64, 32, 8, 520, 1168), ("masked", 128, 32, 6, 1000, 768),

@@ -573,6 +573,21 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
       uint32_t stores;
       resolve(tile, b_group, skip, absent, stores);
       if (absent) continue;
+      // Contiguous layout: the experts of this thread's output rows (the
+      // epilogue's layout contract), loaded here so that their latency hides
+      // behind the K loop instead of standing between the last WGMMA and the
+      // stores while the tensor cores idle.
+      int32_t row_expert[kWaves][2];
+      if constexpr (kGemmType == kGroupedContiguous) {
+        #pragma unroll
+        for (uint32_t v = 0; v < kWaves; ++v) {
+          #pragma unroll
+          for (uint32_t h = 0; h < 2; ++h) {
+            const uint32_t r = tile.m_block * BLOCK_M + row_off(v) + warp * 16 + lane / 4 + h * 8;
+            row_expert[v][h] = r < shape_m ? __ldg(grouped_layout + r) : -1;
+          }
+        }
+      }
 
       #pragma unroll
       for (uint32_t v = 0; v < kWaves; ++v) {
@@ -896,12 +911,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
           // The common case, all 16 of the warp's rows with the block's expert,
           // is one vote: the selects (two per accumulator) run only in warps
           // with padding or violating rows.
-          int32_t e[2];
-          #pragma unroll
-          for (uint32_t h = 0; h < 2; ++h) {
-            const uint32_t r = r0 + h * 8;
-            e[h] = r < shape_m ? __ldg(grouped_layout + r) : -1;
-          }
+          const int32_t (&e)[2] = row_expert[v];
           if (!__all_sync(0xffffffffu, !skip && e[0] == b_group && e[1] == b_group)) {
             #pragma unroll
             for (uint32_t h = 0; h < 2; ++h) {

@@ -158,7 +158,7 @@ C_TILE + BM*BN/64 is the per-tile B-scale load, syncs and D staging
   Only the kinds in MULTICAST_KINDS consider it, for the tiles in
   MULTICAST_TILES, and the normal GEMM on B for the tiles in
   NORMAL_MULTICAST_B_TILES and on A for those in NORMAL_MULTICAST_A_TILES
-  from K = NORMAL_MULTICAST_A_MIN_K (8192) (see their comments).
+  from K = NORMAL_MULTICAST_A_MIN_K (7168) (see their comments).
 - The DRAM roof (unique bytes / HBM bandwidth) is the same for every
   candidate of a shape and so is left out of the ranking.
 
@@ -242,7 +242,7 @@ MULTICAST_TILES = ((128, 192), (256, 128))
 #: benchmark shapes, 4096x2112x7168 and 8192x2112x7168.  Other normal
 #: shapes where 128x176 wins the ranking (e.g. 4096x2112x2048,
 #: 8192x1056x7168) get the multicast unmeasured.  The 256x128 picks keep no
-#: B multicast; from K = 8192 they take A's (NORMAL_MULTICAST_A_MIN_K, below).
+#: B multicast; from K = 7168 they take A's (NORMAL_MULTICAST_A_MIN_K, below).
 NORMAL_MULTICAST_B_TILES = ((128, 176),)
 #: The normal GEMM's A multicast (the cluster's two CTAs take two n-blocks of
 #: one m-block and share A's loads) for a 256x128 pick with K at least
@@ -253,13 +253,18 @@ NORMAL_MULTICAST_B_TILES = ((128, 176),)
 #: at 10240, 2.1-2.2 % at 12288-16384 (4096x7168xK), 2.4 % at 8192x7168x16384,
 #: 1.2 % at 4096x4096x16384, 1.8 % at 4096x24576x8192; 2.1 % in a 1 s
 #: sustained loop at 4096x7168x16384 (v0.27: 2.0-2.4 %), at a higher clock
-#: under the power cap, not in fewer cycles.  At K <= 7168 it was within
-#: noise (+0.6 % and +1.2 % at 4096x7168x4096 / 7168 in that sweep, -0.5 %
-#: at 4096x4096x7168 in v0.27), so those picks keep no multicast.  Among
-#: the benchmark shapes it moves 4096x7168x16384 only; other 256x128 picks
-#: at K >= 8192 (e.g. 1024x24576x8192, 2048x4096x16384) get it unmeasured.
+#: under the power cap, not in fewer cycles.  K = 7168 was re-measured in
+#: v0.29 (benches/experiments/v0.29/mc_k7168.log, energy_k7168.log): 0.0 %
+#: at 4096x4096x7168 and 2048x7168x7168, 1.0-2.1 % at 4096x7168x7168,
+#: 8192x4096x7168 and 4096x24576x7168 (CUPTI), 0.9 % and 1.2 % faster in
+#: 1 s sustained loops at 4096x4096x7168 and 8192x4096x7168 (v0.27 had
+#: -0.5 % at 4096x4096x7168 in CUPTI): so from K = 7168.  Below, within
+#: noise (+0.6 % at 4096x7168x4096 in the v0.28 sweep): no multicast.  Among
+#: the benchmark shapes it moves 4096x7168x16384 and 4096x4096x7168; other
+#: 256x128 picks at K >= 7168 (e.g. 1024x24576x8192, 2048x4096x16384) get
+#: it unmeasured.
 NORMAL_MULTICAST_A_TILES = ((256, 128),)
-NORMAL_MULTICAST_A_MIN_K = 8192
+NORMAL_MULTICAST_A_MIN_K = 7168
 # Split K across a cluster of 2 (num_k_splits = 2): one wave only, BLOCK_M
 # 64 or 128, BLOCK_N <= 32, an even number of K blocks; C_SPLIT cycles per
 # tile for the DSMEM exchange of the FP32 partial tile (module docstring).

@@ -329,6 +329,9 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
   // scheduler does: deep_gemm/include/deep_gemm/scheduler/gemm.cuh,
   // is_tma_multicast_valid), so skipped tiles cannot leave the stage ring.
   constexpr bool kPairedB = kGemmType == kGroupedContiguous && kNumMulticast == 2 && !kMulticastOnA;
+  // (One pass, one tile a CTA per cluster tile: no absent tiles, no split K.)
+  static_assert(!kPairedB || (BLOCK_M == 128 && Scheduler::kMPasses == 1 && kNumKSplits == 1),
+                "contiguous B multicast: BLOCK_M 128, one pass");
 
   extern __shared__ __align__(1024) uint8_t smem[];
   uint64_t* full_bar = reinterpret_cast<uint64_t*>(smem + Smem::kOffBar);

@@ -11,8 +11,9 @@
 // contiguous layout B only when the two m-blocks have one expert, else each
 // CTA loads its own: fp8_gemm_1d2d.cuh, kPairedB).  A CTA
 // whose half falls outside the matrix runs a *phantom* tile: it still loads
-// (TMA fills zeros out of bounds) and computes, so both CTAs walk their
-// pipelines in lockstep, but it stores nothing.
+// (TMA fills zeros out of bounds) and computes (with kPairedB: only loads,
+// and drains its stages), so both CTAs walk their pipelines in lockstep,
+// but it stores nothing.
 //
 // Contiguous grouped GEMMs with BLOCK_M = 256 run in two passes (kMPasses):
 // a 256-row tile spans two 128-row expert blocks, which may belong to two

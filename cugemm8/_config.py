@@ -703,7 +703,9 @@ class GemmConfig:
             operand's TMA loads (multicast).
         multicast_on_a: with ``num_multicast`` = 2: True when A is shared
             (the pair computes tiles side by side in N), False when B is
-            (``'normal'`` only).  False without multicast.
+            (``'normal'``, and ``'contiguous'`` with ``block_m`` = 128: there
+            the pair's two 128-row blocks share B only when they have one
+            expert).  False without multicast.
         num_k_splits: 1, or 2 (4) when the two (four, ``'normal'`` only)
             CTAs of a cluster take a half (quarter) of the K blocks of the
             same tile each and add their FP32 partial tiles, four as a tree

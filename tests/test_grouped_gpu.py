@@ -83,8 +83,8 @@ def test_contiguous_sweep(cp, sizes, n, k, seed):
 # straddle two experts (or an expert and padding) and need the second pass.
 STRADDLING_SIZES = [128, 384, 0, 200, 256, 1, 129, 640]
 # B multicast (128x192 / 128x64 c2B) pairs 128-row blocks across those
-# boundaries: pairs with one expert share B, the others load their own, and
-# a skipped (padding) block or an empty second block still walks the stages.
+# boundaries: pairs with one expert share B, the others load their own
+# (skipped blocks: test_contiguous_b_multicast_pairs).
 CONTIGUOUS_FORCED = [(256, 128, 3, 1, False), (256, 112, 3, 1, False), (256, 128, 3, 2, True),
                      (128, 192, 4, 2, True), (128, 64, 4, 1, False), (64, 32, 8, 1, False),
                      (128, 176, 4, 1, False), (128, 192, 4, 2, False), (128, 64, 4, 2, False)]
@@ -151,23 +151,46 @@ def test_contiguous_layout_violations_are_nan(cp, forced):
 
 @pytest.mark.parametrize("c2b", [False, True])
 def test_contiguous_all_padding_and_empty(cp, c2b):
-    # c2b: 128x128 with B multicast, every pair of blocks skipped (and an odd
-    # block count: the last pair's second block lies past m_sum).
+    # c2b: 128x128 with B multicast on a grid of 4 CTAs, every pair of
+    # blocks skipped (9 blocks: the last pair's second block lies past
+    # m_sum) with 6 K blocks on 4 stages, so the drained rings wrap.
     rng = np.random.default_rng(2)
-    cfg = (_config.make_config("contiguous", 128, 128, 4, 256, num_multicast=2, multicast_on_a=False, num_sms=132)
+    k = 768 if c2b else 256
+    cfg = (_config.make_config("contiguous", 128, 128, 4, k, num_multicast=2, multicast_on_a=False, num_sms=4)
            if c2b else None)
     with _gemm._forced_config(cfg):
-        check_contiguous(cp, rng, [0, 0, 0], 256, 256)
-    m = 384 if c2b else 256
+        check_contiguous(cp, rng, [0, 0, 0], 256, k)
+    m = 9 * 128 if c2b else 256
     m_indices = cp.full((m,), -1, cp.int32)
-    a = H.random_fp8(cp, rng, (m, 256))
-    sfa = H.random_scales(cp, rng, (m, 2))
-    b, sfb = expert_weights(cp, rng, 3, 256, 256)
+    a = H.random_fp8(cp, rng, (m, k))
+    sfa = H.random_scales(cp, rng, (m, k // 128))
+    b, sfb = expert_weights(cp, rng, 3, 256, k)
     out, full = H.poisoned_out(cp, m, 256)
     with _gemm._forced_config(cfg):
         cugemm8.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sfa), (b, sfb), out, m_indices)
     assert bool(cp.all(out.astype(cp.float32) == 0))
     assert H.guards_intact(cp, full, m, 256)
+
+
+@pytest.mark.parametrize("bn", [128, 192])
+@pytest.mark.parametrize("num_sms", [4, 132])
+def test_contiguous_b_multicast_pairs(cp, bn, num_sms):
+    # B multicast pairs 128-row blocks: (e0, e0) share B; (e1, padding),
+    # (padding, e2) and (invalid id, e2) have one skipped side, whose stages
+    # are drained; (e3, e3) share; (padding, padding) both skip; (e1, e1);
+    # (e2 cut short, past m_sum).  On 4 CTAs each cluster walks several of
+    # these tiles in a row, skipped and computed, with 9 K blocks on 4
+    # stages (the rings wrap).
+    g, n, k = 4, 520, 1040
+    blocks = [0, 0, 1, -1, -1, 2, 9, 2, 3, 3, -1, -1, 1, 1, 2]
+    idx = np.repeat(np.array(blocks, np.int32), 128)
+    idx = idx[:14 * 128 + 40]                      # the last block is cut short
+    invalid = np.arange(6 * 128, 7 * 128)          # every row of the invalid block: NaN
+    cfg = _config.make_config("contiguous", 128, bn, 4, k, num_multicast=2, multicast_on_a=False, num_sms=num_sms)
+    assert _config.is_legal(cfg, k=k)[0]
+    with _gemm._forced_config(cfg):
+        check_contiguous_layout(cp, np.random.default_rng(bn + num_sms), idx, g, n, k, junk_padding=True,
+                                nan_rows=tuple(invalid))
 
 
 # ---------------------------------------------------------------- masked

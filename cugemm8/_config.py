@@ -254,8 +254,8 @@ NORMAL_MULTICAST_B_TILES = ((128, 176),)
 #: 1.2 % at 4096x4096x16384, 1.8 % at 4096x24576x8192; 2.1 % in a 1 s
 #: sustained loop at 4096x7168x16384 (v0.27: 2.0-2.4 %), at a higher clock
 #: under the power cap, not in fewer cycles.  K = 7168 was re-measured in
-#: v0.29 (benches/experiments/v0.29/mc_k7168.log, energy_k7168.log): 0.0 %
-#: at 4096x4096x7168 and 2048x7168x7168, 1.0-2.1 % at 4096x7168x7168,
+#: v0.29 (benches/experiments/v0.29/mc_k7168.log, energy_k7168.log): -0.1 %
+#: and +0.2 % at 4096x4096x7168 and 2048x7168x7168 (noise), 1.0-2.1 % at 4096x7168x7168,
 #: 8192x4096x7168 and 4096x24576x7168 (CUPTI), 0.9 % and 1.2 % faster in
 #: 1 s sustained loops at 4096x4096x7168 and 8192x4096x7168 (v0.27 had
 #: -0.5 % at 4096x4096x7168 in CUPTI): so from K = 7168.  Below, within

@@ -353,7 +353,7 @@ def test_square_4096_is_256x128_with_a_multicast():
     (4096, 7168, 4096, False), (4096, 7168, 6144, False), (4096, 24576, 1536, False), (4096, 32768, 512, False)])
 def test_normal_256x128_takes_a_multicast_from_k_7168(m, n, k, want):
     # v0.28 (sweep_v0.28_mc_a.json): A multicast 1.2-2.4 % faster on 256x128
-    # from K = 8192; v0.29 (v0.29/mc_k7168.log, energy_k7168.log): 0-2.1 %
+    # from K = 8192; v0.29 (v0.29/mc_k7168.log, energy_k7168.log): -0.1-2.1 %
     # at K = 7168 (0.9-1.2 % sustained), within noise below; ranked by the
     # unicast score.
     cfg = select_config("normal", m, n, k)

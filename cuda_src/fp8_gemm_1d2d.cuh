@@ -325,9 +325,9 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
   constexpr uint32_t kWaves = T::kWaves;
   constexpr uint32_t kNumMathWG = T::kNumMathWG;
   // B multicast on the contiguous layout: the cluster's two 128-row m-blocks
-  // share B only when they have one expert (decided per tile, as DeepGEMM's
-  // scheduler does: deep_gemm/include/deep_gemm/scheduler/gemm.cuh,
-  // is_tma_multicast_valid), so skipped tiles cannot leave the stage ring.
+  // share B only when they have one valid expert, decided per tile (a rule
+  // like DeepGEMM's: deep_gemm/include/deep_gemm/scheduler/gemm.cuh,
+  // is_tma_multicast_valid), and skipped tiles cannot leave the stage ring.
   constexpr bool kPairedB = kGemmType == kGroupedContiguous && kNumMulticast == 2 && !kMulticastOnA;
   // (One pass, one tile a CTA per cluster tile: no absent tiles, no split K.)
   static_assert(!kPairedB || (BLOCK_M == 128 && Scheduler::kMPasses == 1 && kNumKSplits == 1),
@@ -479,11 +479,12 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
         bool skip, absent;
         uint32_t stores;
         resolve(tile, b_group, skip, absent, stores);
-        // kPairedB: every tile runs through the stages, skipped ones too (the
-        // peer's consumers release this CTA's stages, and with a shared B
-        // this CTA's loads fill the peer's); B is multicast only when the
-        // peer m-block has the same (valid) expert, else each CTA loads its
-        // own, a skipped tile expert 0's (its MMAs do not run).
+        // kPairedB: every tile runs through the stages, skipped ones too
+        // (each stage's empty barrier counts the releases of both CTAs'
+        // consumers, so both must walk the same stages on every tile); B is
+        // multicast only when the peer m-block has the same (valid) expert,
+        // else each CTA loads its own, a skipped tile expert 0's (its MMAs
+        // do not run).
         bool b_shared = true;
         if constexpr (kPairedB) {
           const uint32_t peer_row = (tile.m_block ^ 1u) * BLOCK_M;

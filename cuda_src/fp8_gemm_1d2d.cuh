@@ -567,6 +567,15 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
     // multicast CTA `lane`'s of the cluster (lanes < kNumMulticast release there).
     const uint32_t empty_addr = kNumMulticast > 1 ? mapa_shared(smem_addr(empty_bar), lane % kNumMulticast)
                                                   : smem_addr(empty_bar);
+    // Release a stage to the producer(s): one arrival per warp, on every
+    // CTA of the cluster.
+    auto release = [&](uint32_t s) {
+      if constexpr (kNumMulticast == 1) {
+        if (lane == 0) mbarrier_arrive_addr(empty_addr + s * 8u);
+      } else {
+        if (lane < kNumMulticast) mbarrier_arrive_remote(empty_addr + s * 8u);
+      }
+    };
     float accum[kNumAccum];
     float final_accum[kWaves][kNumAccum];
     uint32_t red_phase = 0;   // split K across the cluster: exchanges done, mod 2
@@ -644,15 +653,6 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
         auto fence_acc = [&](float* acc) {
           #pragma unroll
           for (uint32_t i = 0; i < kNumAccum; ++i) fence_operand(acc[i]);
-        };
-        // Release a stage to the producer(s): one arrival per warp, on every
-        // CTA of the cluster.
-        auto release = [&](uint32_t s) {
-          if constexpr (kNumMulticast == 1) {
-            if (lane == 0) mbarrier_arrive_addr(empty_addr + s * 8u);
-          } else {
-            if (lane < kNumMulticast) mbarrier_arrive_remote(empty_addr + s * 8u);
-          }
         };
         // Promotion: final += (SFA[row] * SFB[n-block]) * partial, in FP32.
         // Chunk i (8 columns) takes B-scale row 0 before num_former, row 2
@@ -804,7 +804,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
         #pragma unroll 1
         for (uint32_t j = 0; j < kNumKBlocks; ++j) {
           mbarrier_wait(full_bar + pipe.stage, pipe.phase);
-          if (lane < kNumMulticast) mbarrier_arrive_remote(empty_addr + pipe.stage * 8u);
+          release(pipe.stage);
           pipe.advance();
         }
       }

@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, ".")
+sys.path.insert(1, "tools/perf")
 from cugemm8 import _config, _jit, gemm as G  # noqa: E402
+from sass_loop_count import functions as split_functions  # noqa: E402
 
 # (kind, BM, BN, stages, multicast, on A, K splits, warpgroups, N, K, groups)
 CASES = [("normal", 256, 128, 3, 1, False, 1, 2, 4096, 7168, 1), ("normal", 256, 128, 3, 2, True, 1, 2, 7168, 16384, 1),
@@ -27,24 +29,27 @@ CASES = [("normal", 256, 128, 3, 1, False, 1, 2, 4096, 7168, 1), ("normal", 256,
 
 
 def functions(sass: str) -> dict:
-    out, cur = {}, None
-    for line in sass.splitlines():
-        m = re.match(r"\s*Function : (\S+)", line)
-        if m:
-            cur = m.group(1)
-            out[cur] = []
-        elif cur and re.search(r"/\*[0-9a-f]{4}\*/", line):
-            out[cur].append(re.sub(r"/\*[0-9a-f]{4}\*/", "", line).strip())
-    return out
+    """{name: instruction lines} of a cuobjdump listing (split by
+    tools/perf/sass_loop_count.py), each line with its encoding (control
+    bits included) and without its address."""
+    return {name: [re.sub(r"/\*[0-9a-f]{4}\*/", "", line).strip() for line in text.splitlines()
+                   if re.search(r"/\*[0-9a-f]{4}\*/", line)]
+            for name, text in split_functions(sass)}
+
+
+def kernel_names(cases) -> list:
+    """The 1D2D kernel names of ``cases`` (tuples as in CASES)."""
+    names = []
+    for kind, bm, bn, st, mc, on_a, ks, wgs, n, k, g in cases:
+        cfg = _config.make_config(kind, bm, bn, st, k, num_multicast=mc, multicast_on_a=on_a, num_k_splits=ks,
+                                  num_math_warpgroups=wgs, num_sms=120 if ks == 4 else 132)
+        names.append(G._kernel_name(cfg, n, k, G._GEMM_TYPE[kind], g))
+    return names
 
 
 def main() -> None:
     other = Path(sys.argv[1])
-    names = []
-    for kind, bm, bn, st, mc, on_a, ks, wgs, n, k, g in CASES:
-        cfg = _config.make_config(kind, bm, bn, st, k, num_multicast=mc, multicast_on_a=on_a, num_k_splits=ks,
-                                  num_math_warpgroups=wgs, num_sms=120 if ks == 4 else 132)
-        names.append(G._kernel_name(cfg, n, k, G._GEMM_TYPE[kind], g))
+    names = kernel_names(CASES)
     new = functions(_jit.compile_only("fp8_gemm_1d2d.cuh", names, sass=True).sass)
     old = functions(_jit.compile_only("fp8_gemm_1d2d.cuh", names, sass=True, root=other).sass)
     for name in sorted(new):

@@ -11,8 +11,8 @@ from pathlib import Path
 
 sys.path.insert(0, ".")
 sys.path.insert(1, "benches/experiments/v0.29")
-from cugemm8 import _config, _jit, gemm as G  # noqa: E402
-from sass_identical import functions  # noqa: E402
+from cugemm8 import _jit  # noqa: E402
+from sass_identical import functions, kernel_names  # noqa: E402
 
 CASES = [("normal", 256, 128, 3, 1, False, 1, 2, 32768, 512, 1), ("normal", 256, 128, 3, 1, False, 1, 2, 7168, 2048, 1),
          ("normal", 256, 128, 3, 2, True, 1, 2, 4096, 7168, 1), ("normal", 128, 176, 4, 2, False, 1, 2, 2112, 7168, 1),
@@ -20,11 +20,7 @@ CASES = [("normal", 256, 128, 3, 1, False, 1, 2, 32768, 512, 1), ("normal", 256,
          ("masked", 256, 128, 3, 1, False, 1, 2, 4096, 7168, 4), ("contiguous", 128, 192, 4, 2, True, 1, 2, 7168, 2048, 4),
          ("contiguous", 256, 128, 3, 2, True, 1, 2, 4096, 7168, 4), ("normal", 64, 128, 4, 1, False, 1, 1, 32768, 512, 1)]
 
-names = []
-for kind, bm, bn, st, mc, on_a, ks, wgs, n, k, g in CASES:
-    cfg = _config.make_config(kind, bm, bn, st, k, num_multicast=mc, multicast_on_a=on_a, num_k_splits=ks,
-                              num_math_warpgroups=wgs, num_sms=120 if ks == 4 else 132)
-    names.append(G._kernel_name(cfg, n, k, G._GEMM_TYPE[kind], g))
+names = kernel_names(CASES)
 head = functions(_jit.compile_only("fp8_gemm_1d2d.cuh", names, sass=True, root=Path("/tmp/head/cuda_src")).sass)
 off = functions(_jit.compile_only("fp8_gemm_1d2d.cuh", names, sass=True, root=Path(sys.argv[1])).sass)
 on_rep = _jit.compile_only("fp8_gemm_1d2d.cuh", names, sass=True, root=Path(sys.argv[2]))

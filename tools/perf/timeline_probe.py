@@ -17,8 +17,9 @@ medians over CTAs, in microseconds:
 * ``per kb``: mean time per K block between the first and the last stage
   arrivals (the steady-state feed);
 * ``tail``: last stage landed -> K loop done (last WGMMA + promotion);
-* ``epi``: K loop done -> TMA store issued; ``drain``: -> store's smem read
-  done; ``total``: entry -> exit;
+* ``epi``: K loop done (split K: the exchange done, rank 0) -> TMA store
+  issued; ``drain``: -> store's smem read done (split K: rank 0's CTAs, the
+  ones that store); ``total``: entry -> exit;
 * ``exchange`` (split K): K loop done -> the pair's partial tile sent
   (rank 1) or received and added (rank 0);
 * ``cwait`` / ``pwait``: the math warpgroup's time waiting on full barriers
@@ -78,16 +79,16 @@ PROBE = [
      "          const unsigned long long probe_p0 = probe_clock();\n"
      "          uint64_t* bar = producer_acquire(pipe, full_bar, empty_bar, tx_bytes);\n"
      "          probe_pwait += probe_clock() - probe_p0;\n          probe_ts[15] = probe_pwait;\n"),
-    (K, "        if (skip || absent) continue;\n        const int32_t a_row",
-     "        if (skip || absent) continue;\n"
+    (K, "          continue;\n        }\n        const int32_t a_row",
+     "          continue;\n        }\n"
      "        if (probe_first_p) { probe_ts[2] = probe_clock(); probe_first_p = false; }\n"
      "        const int32_t a_row"),
     (K, "    uint32_t red_phase = 0;   // split K across the cluster: exchanges done, mod 2\n",
      "    uint32_t red_phase = 0;   // split K across the cluster: exchanges done, mod 2\n"
      "    bool probe_first_m = true;\n    unsigned long long probe_cwait = 0;\n    uint32_t probe_j = 0;\n"),
-    (K, "        __syncwarp();\n        // 8-column chunks",
-     "        __syncwarp();\n        if (threadIdx.x == 0 && probe_first_m) probe_ts[3] = probe_clock();\n"
-     "        // 8-column chunks"),
+    (K, "        warp_copy_f32<kCount>(warp_sfb, sfb_tile, valid, lane);\n",
+     "        warp_copy_f32<kCount>(warp_sfb, sfb_tile, valid, lane);\n"
+     "        if (threadIdx.x == 0 && probe_first_m) probe_ts[3] = probe_clock();\n"),
     (K, "              mbarrier_wait(full_bar + stage, pipe.phase);\n              // Read this stage's A scales",
      "              const unsigned long long probe_w0 = probe_clock();\n"
      "              mbarrier_wait(full_bar + stage, pipe.phase);\n"
@@ -139,6 +140,10 @@ def summarise(ts: np.ndarray, ctas: int) -> dict:
     ns_total = t[:, 10] - t[:, 0]
     ghz = np.median(cyc_total / np.maximum(ns_total, 1))
     us = lambda a, b: np.median(t[:, b] - t[:, a]) / ghz / 1e3  # noqa: E731
+    # With split K only rank 0 (even CTAs) runs the epilogue (slots 7, 8).
+    split_any = bool((t[:, 12] > 0).any())
+    stores = t[0::2] if split_any else t
+    us_st = lambda a, b: np.median(stores[:, b] - stores[:, a]) / ghz / 1e3  # noqa: E731
     # slot 4: the first K block's stage landed (j = 0); slot 5: a late one
     # (j = slot 13), both seen by warpgroup 0's first thread
     valid = (t[:, 5] > t[:, 4]) & (t[:, 13] > 0)
@@ -150,7 +155,7 @@ def summarise(ts: np.ndarray, ctas: int) -> dict:
     return {"ghz": ghz, "xchg_rank0": xchg0, "xchg_rank1": xchg1,
             "kloop_rank0": float(np.median(kloop[0::2])), "kloop_rank1": float(np.median(kloop[1::2])),
             "raw": ts[:ctas].tolist(), "prologue": us(1, 2), "sfb": us(1, 3), "first": us(2, 4), "per_kb": per_kb,
-            "tail": us(5, 6), "epi": us(6, 7), "drain": us(7, 8), "total": us(1, 9),
+            "tail": us(5, 6), "epi": us_st(12 if split_any else 6, 7), "drain": us_st(7, 8), "total": us(1, 9),
             "skew": (t[:, 0].max() - t[:, 0].min()) / 1e3, "span": (t[:, 10].max() - t[:, 0].min()) / 1e3,
             "first_max": np.max(t[:, 4] - t[:, 2]) / ghz / 1e3,
             # waits as fractions of the first tile's K loop (first stage landed -> loop done):

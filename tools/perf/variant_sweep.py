@@ -314,7 +314,7 @@ def main(argv=None) -> int:
             us, kus = row.get("us"), row.get("kernel_us")
             tf = f"{flops / us / 1e6:6.0f} TF" if us else ""
             print(f"{s.label():20s} {str(cfg) if cfg else text:22s} {name:10s} "
-                  f"{us or float('nan'):8.1f} us  kernel {kus or float('nan'):8.1f} us {tf} "
+                  f"{us or float('nan'):8.2f} us  kernel {kus or float('nan'):8.2f} us {tf} "
                   f"{'' if row['status'] == 'ok' else row['status']}"
                   f"{'' if 'same_bits_as' not in row else ' bits=' + str(row['same_bits_as'])}", flush=True)
             results.append(row)

@@ -171,17 +171,19 @@ struct GemmTraits {
   // four, rank r runs [r, r + 1) * kKBlocksPerSplit.
   static constexpr uint32_t kClusterSize = kNumMulticast * kNumKSplits;
   static constexpr uint32_t kKBlocksPerSplit = kNumKBlocks / kNumKSplits;
-  // Split K: with BLOCK_M = 128, rank 0 takes kSplitSkew = 2 K blocks more
-  // than half and rank 1 two fewer, so rank 1 finishes four blocks before
-  // rank 0 and its FP32 partial tile (128 x BLOCK_N x 4 bytes) is on its way
-  // while rank 0 still computes.  Measured on
-  // the H200 (benches/RESULTS.md, v0.6): 128x32 -2.1 %, 128x64 -2.4 % at
-  // K = 7168; with BLOCK_M = 64 (4-8 KB partials, a shorter exchange) it cost 1-3 %,
-  // so those keep an even split.  Even, so both ranks keep the parity of
+  // Split K: with BLOCK_M = 128 or one math warpgroup, rank 0 takes
+  // kSplitSkew = 2 K blocks more than half and rank 1 two fewer, so rank 1
+  // finishes four blocks before rank 0 and its FP32 partial tile is on its
+  // way while rank 0 still computes.  Measured on the H200: 128x32 -2.1 %,
+  // 128x64 -2.4 % at K = 7168 (benches/RESULTS.md, v0.6); 64x64 w1 -2.2 % at
+  // 128x2112x7168, 64x32 w1 0 to -0.4 % at M <= 64 (the exchange wait at
+  // rank 0 halved, 0.99 -> 0.47 µs: v0.30).  Two math warpgroups at
+  // BLOCK_M = 64 (which split K again between them) lost 1-3 % (v0.6), so
+  // they keep an even split.  Even, so both ranks keep the parity of
   // kKBlocksPerSplit; only where each rank keeps at least 6 blocks.
   // (_config.split_k_skew mirrors this rule.)
   static constexpr uint32_t kSplitSkew =
-      (kNumKSplits == 2 && BLOCK_M == 128 && kKBlocksPerSplit >= 8u) ? 2u : 0u;
+      (kNumKSplits == 2 && (BLOCK_M == 128 || kNumMathWG == 1) && kKBlocksPerSplit >= 8u) ? 2u : 0u;
   static constexpr uint32_t kKBlocksRank0 = kKBlocksPerSplit + kSplitSkew;
   static constexpr uint32_t kKBlocksRank1 = kKBlocksPerSplit - kSplitSkew;
   // Threads that hold a finished tile (and exchange it with split K).
@@ -769,8 +771,8 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
             }
           };
           if constexpr (T::kPipelineMma) {
-            static_assert(T::kSplitSkew == 0, "kPipelineMma (BLOCK_M = 64): both ranks run the same count");
-            blocks_pipelined(T::kKBlocksRank0);
+            // (A run-time trip count: the loop is not unrolled.)
+            blocks_pipelined(T::kSplitSkew != 0 && rank == 1 ? T::kKBlocksRank1 : T::kKBlocksRank0);
           } else if (T::kSplitSkew != 0 && rank == 1) {
             // A compile-time trip count for each rank (a run-time one spilled).
             blocks(UConst<T::kKBlocksRank1>{});

@@ -295,6 +295,20 @@ SPLIT_K4_MAX_PICK_BLOCK_N = 24
 SPLIT_K4_MAX_TWIN_BLOCK_N = 56
 SPLIT_K4_MIN_KB = 8
 SPLIT_K4_MAX_M = 128
+# Split K at 64 < M <= 128: a 128 x BLOCK_N pair-split pick (two math
+# warpgroups, one m-block) runs as its one-warpgroup twin 64 x 2*BLOCK_N w1
+# k2 on the same number of CTAs (two m-blocks, half the n-blocks: each CTA
+# reads half of A's rows and twice B's columns, and its K loop is the
+# pipelined one-warpgroup form, with the skewed split of split_k_skew).
+# Measured on the H200 (benches/RESULTS.md v0.30, skew64b.log): at
+# 128x2112x7168 128x32 s9 k2 10.59 µs, 64x64 s12 w1 k2 10.14 without the
+# skew and 9.92 with it.  Only where the twin's BLOCK_N keeps the pipelined
+# K loop (<= 96) and each rank keeps SPLIT_K_TWIN_MIN_KB K blocks (the
+# measured shape has 28); the cost model does not rank it there (its split
+# candidates stop at SPLIT_K_MAX_BLOCK_N = 32, and widening that moved 243
+# of 1792 picks, unmeasured).
+SPLIT_K_TWIN_MAX_BLOCK_N = 96
+SPLIT_K_TWIN_MIN_KB = 16
 # Clusters of four CTAs (one per SM: these kernels' shared memory) that are
 # resident at once: a cluster lives inside one GPC, so the GPCs' SM counts,
 # not the SM total, bound them.  cuOccupancyMaxActiveClusters on the H200
@@ -1138,26 +1152,33 @@ def _two_pass_rows(m: int, num_experts: int) -> int:
     return _ceil_div(min(max(num_experts - 1, 0), _ceil_div(m, 256)), 2)
 
 
-def split_k_skew(block_m: int, k: int) -> int:
+def split_k_skew(block_m: int, k: int, num_math_warpgroups: int = 2) -> int:
     """K blocks that rank 0 of a split-K pair (``num_k_splits = 2``) takes
     beyond half of the ``ceil(k / 128)``; rank 1 takes as many fewer.
 
     The kernel's rule (``GemmTraits::kSplitSkew`` in
-    cuda_src/fp8_gemm_1d2d.cuh): 2 with BLOCK_M = 128 when each rank has at
-    least 8 blocks, else 0.  Rank 1 then finishes four blocks before rank 0,
-    and its FP32 partial tile is in flight while rank 0 runs them.  Measured on the H200
-    (benches/RESULTS.md, v0.6): 128x32 2.1 % and 128x64 2.4 % faster at
-    K = 7168 (no change at K = 2048); the
-    BLOCK_M = 64 exchange is shorter, and the same skew cost them 1-3 %.
+    cuda_src/fp8_gemm_1d2d.cuh): 2 with BLOCK_M = 128 or one math warpgroup
+    (``num_math_warpgroups = 1``, BLOCK_M = 64) when each rank has at least
+    8 blocks, else 0.  Rank 1 then finishes four blocks before rank 0, and
+    its FP32 partial tile is in flight while rank 0 runs them.  Measured on
+    the H200: 128x32 2.1 % and 128x64 2.4 % faster at K = 7168, no change at
+    K = 2048 (benches/RESULTS.md, v0.6); 64x64 w1 2.2 % at 128x2112x7168 and
+    64x32 w1 0-0.4 % at M <= 64 (v0.30).  BLOCK_M = 64 on two math
+    warpgroups (which split K again between them) lost 1-3 % with it (v0.6)
+    and keeps an even split.
     """
     half = _ceil_div(k, BLOCK_K) // 2
-    return 2 if block_m == 128 and half >= 8 else 0
+    return 2 if (block_m == 128 or num_math_warpgroups == 1) and half >= 8 else 0
 
 
 def _score(kind, bm, bn, stages, mc, on_a, m, n, k, groups, grid,
            num_experts: int = 1, splits: int = 1, wgs: int = 2) -> tuple[float, int]:
     """Estimated cycles of the busiest CTA, and the padded work
     (executed tiles x BM x BN); see the module docstring."""
+    # The busiest rank's K blocks.  The one-warpgroup skew (split_k_skew with
+    # wgs = 1) is left out: it hides the exchange that C_SPLIT charges, and
+    # counting its two extra blocks alone moved 21 of 1792 picks (all at
+    # K = 16384) from w1 k2 to two warpgroups, unmeasured (v0.30).
     kb = _ceil_div(k, BLOCK_K) // splits + (split_k_skew(bm, k) if splits == 2 else 0)
     mb, nb = _ceil_div(m, bm), _ceil_div(n, bn)
     executed = _executed_tiles(groups, mb, nb, mc, on_a)
@@ -1274,6 +1295,8 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit, warp_mma=True):
     twin = _swap_ab_twin(kind, m, n, k, out[0][1], num_sms, smem_limit)
     if twin is None:
         twin = _split_k4_twin(kind, m, n, k, out[0][1], num_sms, smem_limit)
+    if twin is None:
+        twin = _split_k_one_wg_twin(kind, m, n, k, out[0][1], num_sms, smem_limit)
     if twin is not None:
         out = ((out[0][0], twin),) + out
     wm = warp_mma_config(m, n, k, num_sms) if warp_mma and kind == "normal" else None
@@ -1345,6 +1368,32 @@ def _split_k4_twin(kind: str, m: int, n: int, k: int, pick: GemmConfig, num_sms:
                           num_math_warpgroups=wgs)
         return cfg if is_legal(cfg, k=k, available_sms=num_sms, smem_limit=smem_limit)[0] else None
     return None
+
+
+def _split_k_one_wg_twin(kind: str, m: int, n: int, k: int, pick: GemmConfig, num_sms: int,
+                         smem_limit: int) -> GemmConfig | None:
+    """The one-math-warpgroup config that replaces the cost model's ``pick``
+    (see :data:`SPLIT_K_TWIN_MAX_BLOCK_N`), or None: ``pick`` a normal
+    GEMM's 128 x BLOCK_N tile split over a CTA pair (no multicast) with
+    64 < ``m`` <= 128; its twin is 64 x 2*BLOCK_N on one math warpgroup,
+    split over a pair, with the most stages that fit, on the same CTA count
+    or fewer, if 2*BLOCK_N <= SPLIT_K_TWIN_MAX_BLOCK_N and each rank keeps at
+    least SPLIT_K_TWIN_MIN_KB of the ``ceil(k / 128)`` K blocks.  The ranking
+    gives the twin the pick's score."""
+    if (kind != "normal" or not 64 < m <= 128 or pick.swap_ab or pick.warp_mma
+            or pick.block_m != 128 or pick.num_k_splits != 2 or pick.num_multicast != 1):
+        return None
+    bn = 2 * pick.block_n
+    if bn > SPLIT_K_TWIN_MAX_BLOCK_N or _ceil_div(k, BLOCK_K) // 2 < SPLIT_K_TWIN_MIN_KB:
+        return None
+    ctas = 2 * _ceil_div(n, bn) * 2
+    if ctas > min(num_sms, pick.num_sms):
+        return None
+    stages = max_stages(64, bn, k, smem_limit, num_k_splits=2, num_math_warpgroups=1)
+    if not stages:
+        return None
+    cfg = make_config("normal", 64, bn, stages, k, num_k_splits=2, num_sms=ctas, num_math_warpgroups=1)
+    return cfg if is_legal(cfg, k=k, available_sms=num_sms, smem_limit=smem_limit)[0] else None
 
 
 def swap_ab_config(m: int, n: int, k: int, bm: int, bn: int, stages: int, num_sms: int,

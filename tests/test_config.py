@@ -75,10 +75,12 @@ def check_choice(cfg: GemmConfig, kind, g, m, n, k, num_sms=132, smem_limit=SMEM
         assert cfg.num_sms % 2 == 0
         assert cfg.multicast_on_a or kind == "normal"
     if splits == 2:
-        # split K across a cluster of 2: one wave of CTA pairs, narrow tiles,
-        # an even number of K blocks, no multicast
+        # split K across a cluster of 2: one wave of CTA pairs, narrow tiles
+        # (up to 96 for the one-warpgroup twin of a 128-row pick), an even
+        # number of K blocks, no multicast
         assert cfg.num_multicast == 1 and cfg.num_sms % 2 == 0
-        assert bm in (64, 128) and bn <= 32 and -(-k // 128) % 2 == 0
+        assert bm in (64, 128) and -(-k // 128) % 2 == 0
+        assert bn <= 32 or (bm == 64 and wgs == 1 and bn <= cfgmod.SPLIT_K_TWIN_MAX_BLOCK_N)
     tiles, executed, n_waves = tile_counts(cfg, m, n, g)
     if splits == 2:
         assert executed == 2 * tiles and n_waves == (1 if m > 0 else 0)
@@ -203,9 +205,11 @@ def test_decode_2112_fills_the_sms():
 
 
 def test_m128_2112_splits_k():
-    # 128x32 with split K: 66 tiles on 132 CTAs (11.5 us; 64x32 on 132 CTAs: 12.6 us).
+    # Split K on 132 CTAs: 128x32 k2 (66 tiles; 11.5 us, 64x32 on 132 CTAs
+    # 12.6 us: v0.5), now as its one-warpgroup twin 64x64 w1 k2 (66 tiles of
+    # 64 rows; 10.59 -> 9.92 us with the skewed split: v0.30).
     cfg = select_config("normal", 128, 2112, 7168)
-    assert (cfg.block_m, cfg.block_n, cfg.num_k_splits) == (128, 32, 2)
+    assert (cfg.block_m, cfg.block_n, cfg.num_k_splits, cfg.num_math_warpgroups) == (64, 64, 2, 1)
     assert tile_counts(cfg, 128, 2112)[:2] == (66, 132)
 
 
@@ -261,6 +265,28 @@ def test_split_k4_twin_picks(m, n, k, want, replaced):
     assert (str(ranked[0][1]), str(ranked[1][1])) == (want, replaced)
     assert str(select_config("normal", m, n, k)) == want
     check_choice(ranked[0][1], "normal", 1, m, n, k)
+
+
+# The one-warpgroup split-K twin (_config._split_k_one_wg_twin): measured at
+# 128x2112x7168 (benches/RESULTS.md v0.30, skew64b.log: 10.59 -> 9.92 µs);
+# the rule's edges: M <= 64, K blocks per rank < 16, a pick wider than 48.
+@pytest.mark.parametrize("m,n,k,want,replaced", [
+    (128, 2112, 7168, "64x64 s12 w1 k2 sms132", "128x32 s9 k2 sms132"),
+    (65, 2112, 4096, "64x64 s12 w1 k2 sms132", "128x32 s9 k2 sms132"),
+    (100, 1536, 16384, "64x64 s11 w1 k2 sms96", "128x32 s9 k2 sms96"),
+])
+def test_split_k_one_wg_twin_picks(m, n, k, want, replaced):
+    ranked = cfgmod.ranked_configs("normal", m, n, k, num_sms=132, warp_mma=False)
+    assert (str(ranked[0][1]), str(ranked[1][1])) == (want, replaced)
+    assert str(select_config("normal", m, n, k)) == want
+
+
+@pytest.mark.parametrize("m,n,k", [(64, 2112, 7168), (128, 2112, 2048), (128, 2112, 3968), (128, 4096, 7168)])
+def test_split_k_one_wg_twin_edges(m, n, k):
+    pick = cfgmod.ranked_configs("normal", m, n, k, num_sms=132, warp_mma=False)[0][1]
+    assert cfgmod._split_k_one_wg_twin("normal", m, n, k, pick, 132, cfgmod.SMEM_LIMIT) is None
+    wide = cfgmod.make_config("normal", 128, 56, 8, k, num_k_splits=2, num_sms=132)
+    assert cfgmod._split_k_one_wg_twin("normal", 128, n, k, wide, 132, cfgmod.SMEM_LIMIT) is None
 
 
 @pytest.mark.parametrize("m,n,k", [(64, 2112, 7168), (128, 2112, 7168), (32, 4096, 7168), (128, 1536, 7168),
@@ -797,12 +823,18 @@ def test_select_config_rejects_what_the_gemm_rejects(n, k, frag):
         select_config("normal", 64, n, k)
 
 
-@pytest.mark.parametrize("bm,k,skew", [(128, 7168, 2), (128, 2048, 2), (128, 1792, 0), (128, 256, 0),
-                                        (64, 7168, 0), (64, 2048, 0)])
-def test_split_k_skew_rule(bm, k, skew):
-    # BLOCK_M = 128 pairs with >= 8 blocks per rank: rank 0 takes 2 more
-    # (RESULTS v0.6: -2.1..-2.4 % at K = 7168); BLOCK_M = 64 pairs stay even (+1..3 %).
-    assert cfgmod.split_k_skew(bm, k) == skew
+@pytest.mark.parametrize("bm,wgs,k,skew", [(128, 2, 7168, 2), (128, 2, 2048, 2), (128, 2, 1792, 0),
+                                            (128, 2, 256, 0), (64, 2, 7168, 0), (64, 2, 2048, 0),
+                                            (64, 1, 7168, 2), (64, 1, 2048, 2), (64, 1, 1792, 0),
+                                            (64, 1, 256, 0)])
+def test_split_k_skew_rule(bm, wgs, k, skew):
+    # BLOCK_M = 128 and one-warpgroup BLOCK_M = 64 pairs with >= 8 blocks per
+    # rank: rank 0 takes 2 more (RESULTS v0.6: -2.1..-2.4 % at K = 7168;
+    # v0.30: 64x64 w1 -2.2 % at 128x2112x7168); BLOCK_M = 64 on two math
+    # warpgroups stays even (+1..3 %).
+    assert cfgmod.split_k_skew(bm, k, wgs) == skew
+    if wgs == 2:
+        assert cfgmod.split_k_skew(bm, k) == skew   # two math warpgroups by default
 
 
 @pytest.mark.parametrize("rows, block_m, k, want", [

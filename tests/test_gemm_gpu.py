@@ -66,6 +66,19 @@ def test_decode_table(cp, m, n, k):
                 sfa_for_call=cugemm8.get_col_major_tma_aligned_tensor(sfa))
 
 
+# The one-warpgroup split-K twin (_config._split_k_one_wg_twin) through the
+# public op beyond the decode table: M = 65 and 100 (tails in the second
+# m-block), N = 1536 (96 CTAs), K = 4096 and 16384 (11 stages).
+@pytest.mark.parametrize("m,n,k", [(65, 2112, 4096), (100, 1536, 16384), (128, 2048, 7168)])
+def test_split_k_one_wg_twin(cp, m, n, k):
+    cfg = cugemm8.get_gemm_config("normal", m, n, k)
+    assert cfg.block_m == 64 and cfg.num_math_warpgroups == 1 and cfg.num_k_splits == 2, cfg
+    rng = np.random.default_rng(m * 31 + n + k)
+    a, sfa, b, sfb = H.make_operands(cp, rng, m, n, k)
+    run_checked(cp, a, sfa, b, sfb, what=f"{cfg} m={m} n={n} k={k}",
+                sfa_for_call=cugemm8.get_col_major_tma_aligned_tensor(sfa))
+
+
 @pytest.mark.parametrize("m", [1, 2, 5, 8, 17, 32, 63])
 @pytest.mark.parametrize("n", [8, 24, 520])
 @pytest.mark.parametrize("k", [1040, 7168])
@@ -273,6 +286,44 @@ def test_split_k4_matches_the_promotion_model(cp, bm, bn, stages, wgs, m, n, k, 
     assert bool(cp.all(outs[0].view(cp.uint16) == outs[1].view(cp.uint16))), f"{cfg}: rerun differs"
     model = R.promoted_accumulation_model(cp.asnumpy(a), cp.asnumpy(sfa), cp.asnumpy(b), cp.asnumpy(sfb),
                                           tensor_core="hopper", k_splits=4,
+                                          warpgroup_split=bm == 64 and wgs == 2)
+    want = R.round_to_bf16(model).view(np.uint16)
+    got = cp.asnumpy(outs[0].view(cp.uint16))
+    bad = np.argwhere(got != want)
+    assert bad.size == 0, f"{cfg} m={m} n={n} k={k}: {len(bad)} outputs differ from the model, first at {tuple(bad[0])}"
+
+
+# Split K across a CTA pair with the skewed split point (_config.split_k_skew:
+# BLOCK_M = 128 and one math warpgroup at BLOCK_M = 64, each rank >= 8 K
+# blocks): rank 0 sums blocks [0, nkb/2 + 2), rank 1 the rest, and the output
+# must equal the promotion model with that split bit for bit (a block summed
+# by both ranks, by neither, or a rank-1 count taken from rank 0 cannot hide
+# inside the error bound).  One warpgroup: the pipelined K loop (BLOCK_N <=
+# 96: 32 and 64, its run-time trip count) and the unrolled one (112);
+# BLOCK_M = 64 on two warpgroups keeps an even split; K = 2288: 18 K blocks
+# (11 / 7 when skewed, the last partial), 7168: 56 (30 / 26); 132 CTAs and 6
+# (many tiles per CTA, so stage and exchange phases turn over).
+SPLIT_K_SKEW_FORCED = [(64, 32, 8, 1, 2288), (64, 64, 8, 1, 2288), (64, 112, 6, 1, 2288),
+                       (64, 64, 12, 1, 7168), (64, 32, 8, 2, 2288), (128, 32, 8, 2, 2288)]
+
+
+@pytest.mark.parametrize("bm,bn,stages,wgs,k", SPLIT_K_SKEW_FORCED)
+@pytest.mark.parametrize("num_sms", [132, 6])
+def test_split_k_skew_matches_the_promotion_model(cp, bm, bn, stages, wgs, k, num_sms):
+    from cugemm8 import reference as R
+    m, n = 130, 1000
+    cfg = _config.make_config("normal", bm, bn, stages, k, num_k_splits=2, num_sms=num_sms,
+                              num_math_warpgroups=wgs)
+    ok, why = _config.is_legal(cfg, k=k)
+    assert ok, why
+    skew = _config.split_k_skew(bm, k, wgs)
+    assert skew == (0 if bm == 64 and wgs == 2 else 2)
+    rng = np.random.default_rng(bm * bn + wgs + k + num_sms)
+    a, sfa, b, sfb = H.make_operands(cp, rng, m, n, k)
+    outs = [H.launch_forced(cp, cfg, a, sfa, b, sfb, m, n, k) for _ in range(2)]   # poisoned, guards checked
+    assert bool(cp.all(outs[0].view(cp.uint16) == outs[1].view(cp.uint16))), f"{cfg}: rerun differs"
+    model = R.promoted_accumulation_model(cp.asnumpy(a), cp.asnumpy(sfa), cp.asnumpy(b), cp.asnumpy(sfb),
+                                          tensor_core="hopper", k_splits=2, split_skew=skew,
                                           warpgroup_split=bm == 64 and wgs == 2)
     want = R.round_to_bf16(model).view(np.uint16)
     got = cp.asnumpy(outs[0].view(cp.uint16))

@@ -264,11 +264,12 @@ def test_split_k_skew_matches_the_python_rule():
     checks = []
     for k in (256, 1792, 2048, 2288, 2304, 7168, 16384):
         for bm in _config.SPLIT_K_BLOCK_MS:
-            t = f"cugemm8::GemmTraits<2112u, {k}u, {bm}u, 32u, 6u, 1u, false, 64u, 0u, 1u, 2u, 2u>"
-            skew = _config.split_k_skew(bm, k)
-            half = -(-k // 128) // 2
-            checks.append(f"static_assert({t}::kSplitSkew == {skew}u && {t}::kKBlocksRank0 == {half + skew}u "
-                          f"&& {t}::kKBlocksRank1 == {half - skew}u, \"{bm} {k}\");")
+            for wgs in ((1, 2) if bm == 64 else (2,)):
+                t = f"cugemm8::GemmTraits<2112u, {k}u, {bm}u, 32u, 6u, 1u, false, 64u, 0u, 1u, 2u, {wgs}u>"
+                skew = _config.split_k_skew(bm, k, wgs)
+                half = -(-k // 128) // 2
+                checks.append(f"static_assert({t}::kSplitSkew == {skew}u && {t}::kKBlocksRank0 == {half + skew}u "
+                              f"&& {t}::kKBlocksRank1 == {half - skew}u, \"{bm} {wgs} {k}\");")
     _compile_static_asserts(checks)
 
 

@@ -189,14 +189,14 @@ def promoted_accumulation_model(a_bits: ArrayLike, sfa: ArrayLike, b_bits: Array
     Kernels that split K sum in another order, which ``k_splits`` and
     ``warpgroup_split`` select (cuda_src/fp8_gemm_1d2d.cuh):
 
-    - ``warpgroup_split`` (every BLOCK_M = 64 kernel): within each CTA's
+    - ``warpgroup_split`` (BLOCK_M = 64 on two math warpgroups): within each CTA's
       share of K, local blocks ``j`` with ``j % 2 == w`` are chained by
       warpgroup ``w`` from zero, then ``final = fl32(chain_0 + chain_1)``;
     - ``k_splits = 2`` (``GemmConfig.num_k_splits``): CTA 0 of the pair
       takes blocks ``[0, nkb/2 + split_skew)`` and CTA 1 the rest (``nkb``
       even), and ``final = fl32(part_0 + part_1)``.  The kernels' skew is
-      :func:`cugemm8._config.split_k_skew` (2 with BLOCK_M = 128 and
-      ``nkb >= 16``, else 0);
+      :func:`cugemm8._config.split_k_skew` (2 with BLOCK_M = 128 or one
+      math warpgroup and ``nkb >= 16``, else 0);
     - ``k_splits = 4``: CTA ``r`` of the cluster takes blocks
       ``[r, r + 1) * nkb/4`` (``nkb`` a multiple of 4, no skew) and the
       partial tiles meet as a tree, ``final = fl32(fl32(part_0 + part_1) +

@@ -246,9 +246,10 @@ struct GemmTraits {
   static_assert(kNumKSplits == 1 || BLOCK_M <= 128, "split K is for BLOCK_M 64 and 128");
   static_assert(kGemmType == kNormal || kGemmType == kGroupedContiguous || kNumMulticast == 1 || kMulticastOnA,
                 "B multicast: normal and contiguous GEMMs");
-  // An even count splits evenly, or by +-kSplitSkew; each rank's K loop has
-  // a compile-time trip count (a run-time one made the 128x64 K = 2048
-  // kernel spill).
+  // An even count splits evenly, or by +-kSplitSkew; each rank's unrolled K
+  // loop has a compile-time trip count (a run-time one made the 128x64
+  // K = 2048 kernel spill); the one-warpgroup pipelined loop (kPipelineMma)
+  // is not unrolled and takes its rank's count at run time.
   static_assert(kNumKBlocks % kNumKSplits == 0, "split K needs a multiple of kNumKSplits K blocks");
   static_assert(kSplitSkew % 2 == 0 && kSplitSkew < kKBlocksPerSplit, "an even skew, both ranks keep K blocks");
   static_assert(kNumStages >= 2 && kNumStages <= 16, "2..16 pipeline stages");

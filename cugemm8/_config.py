@@ -57,7 +57,9 @@ rows of B scales, is what splits the 2112-column weights into 12 tiles:
 384 tiles of 128x176 on 132 SMs fill 97 % of three waves, 352 of 128x192
 89 %) x multicast in (none, on A, on B).  Stages: the largest count that fits, capped at 16 (and even with
 ``block_m`` = 64).  Split K (x2) for ``block_m`` in SPLIT_K_BLOCK_MS (64,
-128) and ``block_n`` <= SPLIT_K_MAX_BLOCK_N (32) when the K blocks are even
+128) and ``block_n`` <= SPLIT_K_MAX_BLOCK_N (32; wider only as the
+one-warpgroup twin of a 128-row pick, ``_split_k_one_wg_twin``, 64 x 2*BLOCK_N
+at 64 < m <= 128) when the K blocks are even
 in number and twice the tiles fit in one wave of ``num_sms``: on the H200
 (benches/experiments/sweep_v0.5_splitk.json) it made 64x16-class tiles 9-43 %
 faster (64x2112x7168: 64x32 split 10.3 us against 64x16 12.1 us; the N =
@@ -145,7 +147,8 @@ C_TILE + BM*BN/64 is the per-tile B-scale load, syncs and D staging
   128x192 on the H200), 128x192 at K = 2048 (774 vs 797 us) and with many
   small experts.
 - Split K: the K blocks per CTA are halved (plus ``split_k_skew`` for the
-  busier rank 0) and the grid doubled (twice the
+  busier rank 0 of a BLOCK_M = 128 pair; the one-warpgroup skew is not
+  counted, see ``_score``) and the grid doubled (twice the
   executed tiles); C_SPLIT (1500 cycles) is added per tile for the exchange
   of the FP32 partial tile (any value in [0, 5000] gives the same picks on
   the v0.5 sweep).
@@ -303,10 +306,10 @@ SPLIT_K4_MAX_M = 128
 # Measured on the H200 (benches/RESULTS.md v0.30, skew64b.log): at
 # 128x2112x7168 128x32 s9 k2 10.59 µs, 64x64 s12 w1 k2 10.14 without the
 # skew and 9.92 with it.  Only where the twin's BLOCK_N keeps the pipelined
-# K loop (<= 96) and each rank keeps SPLIT_K_TWIN_MIN_KB K blocks (the
-# measured shape has 28); the cost model does not rank it there (its split
-# candidates stop at SPLIT_K_MAX_BLOCK_N = 32, and widening that moved 243
-# of 1792 picks, unmeasured).
+# K loop (<= 96) and each rank keeps SPLIT_K_TWIN_MIN_KB K blocks, i.e.
+# ceil(k / 128) >= 32 (the measured shape has 28 a rank); the cost model does not rank it there (its split
+# candidates stop at SPLIT_K_MAX_BLOCK_N = 32, and widening that to 64
+# moved 301 of 2016 picks, unmeasured: benches/experiments/v0.30/pick_diff.log).
 SPLIT_K_TWIN_MAX_BLOCK_N = 96
 SPLIT_K_TWIN_MIN_KB = 16
 # Clusters of four CTAs (one per SM: these kernels' shared memory) that are
@@ -1177,8 +1180,9 @@ def _score(kind, bm, bn, stages, mc, on_a, m, n, k, groups, grid,
     (executed tiles x BM x BN); see the module docstring."""
     # The busiest rank's K blocks.  The one-warpgroup skew (split_k_skew with
     # wgs = 1) is left out: it hides the exchange that C_SPLIT charges, and
-    # counting its two extra blocks alone moved 21 of 1792 picks (all at
-    # K = 16384) from w1 k2 to two warpgroups, unmeasured (v0.30).
+    # counting its two extra blocks alone moved 23 of 2016 picks (all at
+    # K = 16384) from w1 k2 to two warpgroups, unmeasured
+    # (benches/experiments/v0.30/pick_diff.log).
     kb = _ceil_div(k, BLOCK_K) // splits + (split_k_skew(bm, k) if splits == 2 else 0)
     mb, nb = _ceil_div(m, bm), _ceil_div(n, bn)
     executed = _executed_tiles(groups, mb, nb, mc, on_a)

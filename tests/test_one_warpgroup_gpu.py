@@ -125,20 +125,23 @@ def test_subnormal_partial_sums_one_warpgroup(cp):
         assert H.guards_intact(cp, full, m, n)
 
 
-@pytest.mark.parametrize("bn,stages,splits,num_sms", [(128, 7, 1, 132), (32, 9, 1, 4), (32, 8, 2, 4)])
-def test_contiguous_one_warpgroup(cp, bn, stages, splits, num_sms):
+@pytest.mark.parametrize("bn,stages,splits,num_sms,k", [(128, 7, 1, 132, 1168), (32, 9, 1, 4, 1168),
+                                                        (32, 8, 2, 4, 1168), (64, 8, 2, 4, 2288)])
+def test_contiguous_one_warpgroup(cp, bn, stages, splits, num_sms, k):
     """Padding blocks (-1), experts straddling 64-row tiles' 128-row blocks,
-    many tiles per CTA."""
-    k = 1168
+    many tiles per CTA; K = 2288 (18 K blocks): split K with the skewed
+    split point (_config.split_k_skew: 11 / 7), skipped tiles between."""
     cfg = w1("contiguous", bn, stages, k, splits=splits, num_sms=num_sms)
     with _gemm._forced_config(cfg):
         check_contiguous(cp, np.random.default_rng(bn + stages), STRADDLING_SIZES, 520, k)
 
 
-@pytest.mark.parametrize("bn,stages,splits", [(128, 7, 1), (16, 8, 2)])
-def test_masked_one_warpgroup(cp, bn, stages, splits):
-    """An empty group and partial 64-row slabs (row-by-row stores)."""
-    g, m_max, n, k = 3, 200, 1000, 768
-    cfg = w1("masked", bn, stages, k, splits=splits)
+@pytest.mark.parametrize("bn,stages,splits,k,num_sms", [(128, 7, 1, 768, 132), (16, 8, 2, 768, 132),
+                                                        (32, 8, 2, 2288, 4)])
+def test_masked_one_warpgroup(cp, bn, stages, splits, k, num_sms):
+    """An empty group and partial 64-row slabs (row-by-row stores); K = 2288
+    on 4 SMs: the skewed split (11 / 7 K blocks), many tiles per CTA."""
+    g, m_max, n = 3, 200, 1000
+    cfg = w1("masked", bn, stages, k, splits=splits, num_sms=num_sms)
     check_masked(cp, np.random.default_rng(bn), g, m_max, n, k, [200, 0, 77], 100, cfg=cfg)
 

@@ -312,7 +312,8 @@ def test_promoted_models_within_error_bound(seed, m, n, k, kind, tc, decade):
        skew=st.sampled_from([0, 2]), decade=st.integers(-10, 10))
 def test_split_k_orders_within_error_bound(seed, m, n, kb, kind, k_splits, warpgroup_split, skew, decade):
     # the kernels' split-K summation orders (BLOCK_M = 64 warpgroups, CTA
-    # pairs, with or without the BLOCK_M = 128 pairs' skewed split point,
+    # pairs, with or without the skewed split point of BLOCK_M = 128 and
+    # one-warpgroup pairs,
     # clusters of four as a tree)
     k = 128 * (-(-kb // k_splits) * k_splits)
     skew = skew if k_splits == 2 and k // 128 // 2 > skew else 0

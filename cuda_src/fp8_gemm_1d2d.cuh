@@ -772,8 +772,9 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
             }
           };
           if constexpr (T::kPipelineMma) {
-            // (A run-time trip count: the loop is not unrolled.)
-            blocks_pipelined(T::kSplitSkew != 0 && rank == 1 ? T::kKBlocksRank1 : T::kKBlocksRank0);
+            // This rank's count, as the producer's (a run-time trip count:
+            // the loop is not unrolled).
+            blocks_pipelined(kb_count);
           } else if (T::kSplitSkew != 0 && rank == 1) {
             // A compile-time trip count for each rank (a run-time one spilled).
             blocks(UConst<T::kKBlocksRank1>{});

@@ -2,6 +2,7 @@
 
     python tools/perf/warp_mma_probe.py [--ms 1,8,16,32] [--reps 10] [--passes 2]
                                         [--deepgemm] [--flush write|read] [--json OUT]
+                                        [--only REGEX]
 
 For each DeepSeek-V3 (N, K) and each M, every variant (R, KS, RG, U) of
 ``cuda_src/fp8_gemm_warp_mma.cuh`` (16 * R weight rows per warp, KS warps
@@ -10,13 +11,15 @@ the token tile from M) is compiled, run on the same operands, checked
 against the float64 reference (calc_diff < 1e-3, the decode bench's check)
 and timed with CUPTI kernel durations after the benches' 256 MB L2 flush,
 interleaved with cugemm8's pick and (``--deepgemm``) DeepGEMM's
-``fp8_gemm_nt``.  Prints one row per shape: the pick, DeepGEMM, the fastest
+``fp8_gemm_nt``.  ``--only`` keeps the variants whose label (``wm KSxRG rR
+uU``) matches the regular expression (``re.search``).  Prints one row per shape: the pick, DeepGEMM, the fastest
 variant and its ratio to the pick.  This script reports; it never asserts.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -63,6 +66,13 @@ def variants(k: int, tt: int) -> list[tuple[int, int, int, int]]:
     return out
 
 
+def select_variants(k: int, tt: int, only: str = "") -> list[tuple[int, int, int, int]]:
+    """:func:`variants` whose :func:`label` matches the regular expression
+    ``only`` (``re.search``; all of them when it is empty)."""
+    rx = re.compile(only) if only else None
+    return [v for v in variants(k, tt) if rx is None or rx.search(label(v))]
+
+
 def kernel_name(n: int, k: int, tt: int, v) -> str:
     r, ks, rg, u = v
     return f"cugemm8::fp8_gemm_warp_mma_kernel<{n}, {k}, {tt}, {r}, {ks}, {rg}, {u}>"
@@ -105,6 +115,7 @@ def main(argv=None) -> int:
     p.add_argument("--flush", choices=("write", "read"), default="write")
     p.add_argument("--shapes", default="", help="N,K pairs as NxK;NxK (default: the six)")
     p.add_argument("--json", default="")
+    p.add_argument("--only", default="", help="keep the variants whose label ('wm KSxRG rR uU') matches")
     args = p.parse_args(argv)
 
     import cupy as cp
@@ -113,6 +124,8 @@ def main(argv=None) -> int:
     ms = [int(x) for x in args.ms.split(",") if x]
     nks = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(";") if s] or list(DEEPSEEK_NK[:6])
     flush = common.make_flush(args.flush)
+    def chosen(k: int, tt: int) -> list:
+        return select_variants(k, tt, args.only)
     dg = None
     if args.deepgemm:
         import deepgemm_anchor
@@ -122,7 +135,7 @@ def main(argv=None) -> int:
     for n, k in nks:
         for m in ms:
             tt = -(-m // 8)
-            for v in variants(k, tt):
+            for v in chosen(k, tt):
                 jobs[kernel_name(n, k, tt, v)] = smem_bytes(tt, v)
     failed = common.compile_kernels(jobs, lambda _name: HEADER)
     for name, why in failed.items():
@@ -165,7 +178,7 @@ def main(argv=None) -> int:
                     status["deepgemm"] = f"error {type(exc).__name__}"
                 else:           # add() reports its own errors and stops at a kernel fault
                     add("deepgemm", run, lambda: common.torch_to_f64(run.out, m))
-            for v in variants(k, tt):
+            for v in chosen(k, tt):
                 name = kernel_name(n, k, tt, v)
                 if name in failed:
                     continue

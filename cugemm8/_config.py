@@ -59,7 +59,8 @@ rows of B scales, is what splits the 2112-column weights into 12 tiles:
 ``block_m`` = 64).  Split K (x2) for ``block_m`` in SPLIT_K_BLOCK_MS (64,
 128) and ``block_n`` <= SPLIT_K_MAX_BLOCK_N (32; wider only as the
 one-warpgroup twin of a 128-row pick, ``_split_k_one_wg_twin``, 64 x 2*BLOCK_N
-at 64 < m <= 128) when the K blocks are even
+at 64 < m <= 128, and as the 128 x 64 twin of a 64 x 64 one-warpgroup pick
+at 64 < m <= 128 and K >= 7168, ``_split_k_m128_twin``) when the K blocks are even
 in number and twice the tiles fit in one wave of ``num_sms``: on the H200
 (benches/experiments/sweep_v0.5_splitk.json) it made 64x16-class tiles 9-43 %
 faster (64x2112x7168: 64x32 split 10.3 us against 64x16 12.1 us; the N =
@@ -312,6 +313,28 @@ SPLIT_K4_MAX_M = 128
 # moved 301 of 2016 picks, unmeasured: benches/experiments/v0.30/pick_diff.log).
 SPLIT_K_TWIN_MAX_BLOCK_N = 96
 SPLIT_K_TWIN_MIN_KB = 16
+# The other way at 64 < M <= 128: an unsplit one-wave 64 x 64 one-warpgroup
+# pick (two m-blocks, each CTA reading all of K for its 64 rows and 64
+# columns) runs as the 128 x 64 pair split over the same number of CTAs
+# (one m-block; each CTA reads half of K for all 128 rows: the same A bytes
+# a CTA, half the B bytes, plus the pair's exchange of the partial tile,
+# with split_k_skew's skewed split).  Measured on the H200 (64x64 w1
+# against 128x64 s7 k2 on the same CTAs, the benches' dirty flush;
+# benches/RESULTS.md v0.31, m128_twin.log, and at 128x4096x7168 also v0.30
+# m128.log, v0.31 ksplit.log, addr1.log, addr2.log): 128x4096x7168 1.2-2.0 %
+# faster in five runs (14.02 -> 13.74 µs in the last; `cugemm8 tune`'s
+# winner there since v0.11), 120x4224x7168 1.7 %, 128x4224x8192 2.6 %,
+# 128x4096x8192 3.9 %; but 120x4096x4096 11 % slower (9.12 -> 10.14 µs:
+# 16 K blocks a rank do not pay for the exchange).  So only where each rank
+# keeps SPLIT_K_M128_TWIN_MIN_KB K blocks (the smallest measured win, K =
+# 7168), and only for the measured width SPLIT_K_M128_TWIN_BLOCK_N: narrower
+# picks save fewer B bytes a CTA against the same exchange, and wider
+# 128-row tiles split K were 0.6-37 % slower in the v0.5 sweep.  It moves
+# N = 4096-4224 at K = 7168-8192 and M = 120-128
+# (benches/experiments/v0.31/pick_diff.log); of the decode table's 48
+# shapes only 128x4096x7168.
+SPLIT_K_M128_TWIN_BLOCK_N = 64
+SPLIT_K_M128_TWIN_MIN_KB = 28
 # Clusters of four CTAs (one per SM: these kernels' shared memory) that are
 # resident at once: a cluster lives inside one GPC, so the GPCs' SM counts,
 # not the SM total, bound them.  cuOccupancyMaxActiveClusters on the H200
@@ -1301,6 +1324,8 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit, warp_mma=True):
         twin = _split_k4_twin(kind, m, n, k, out[0][1], num_sms, smem_limit)
     if twin is None:
         twin = _split_k_one_wg_twin(kind, m, n, k, out[0][1], num_sms, smem_limit)
+    if twin is None:
+        twin = _split_k_m128_twin(kind, m, n, k, out[0][1], num_sms, smem_limit)
     if twin is not None:
         out = ((out[0][0], twin),) + out
     wm = warp_mma_config(m, n, k, num_sms) if warp_mma and kind == "normal" else None
@@ -1397,6 +1422,32 @@ def _split_k_one_wg_twin(kind: str, m: int, n: int, k: int, pick: GemmConfig, nu
     if not stages:
         return None
     cfg = make_config("normal", 64, bn, stages, k, num_k_splits=2, num_sms=ctas, num_math_warpgroups=1)
+    return cfg if is_legal(cfg, k=k, available_sms=num_sms, smem_limit=smem_limit)[0] else None
+
+
+def _split_k_m128_twin(kind: str, m: int, n: int, k: int, pick: GemmConfig, num_sms: int,
+                       smem_limit: int) -> GemmConfig | None:
+    """The 128-row split-K config that replaces the cost model's ``pick``
+    (see :data:`SPLIT_K_M128_TWIN_BLOCK_N`), or None: ``pick`` a normal
+    GEMM's unsplit 64 x BLOCK_N tile on one math warpgroup (no multicast)
+    with 64 < ``m`` <= 128 and every tile in one wave, BLOCK_N =
+    SPLIT_K_M128_TWIN_BLOCK_N; its twin is 128 x BLOCK_N on two math
+    warpgroups split over a CTA pair, with the most stages that fit, on the
+    same CTA count, if ``ceil(k / 128)`` is even and each rank keeps at
+    least SPLIT_K_M128_TWIN_MIN_KB K blocks.  The ranking gives the twin the
+    pick's score."""
+    if (kind != "normal" or not 64 < m <= 128 or pick.swap_ab or pick.warp_mma
+            or pick.block_m != 64 or pick.num_math_warpgroups != 1 or pick.num_k_splits != 1
+            or pick.num_multicast != 1 or pick.block_n != SPLIT_K_M128_TWIN_BLOCK_N):
+        return None
+    kb = _ceil_div(k, BLOCK_K)
+    ctas = 2 * _ceil_div(n, pick.block_n)          # the pick's tiles: two m-blocks, all in one wave
+    if kb % 2 or kb // 2 < SPLIT_K_M128_TWIN_MIN_KB or ctas > min(num_sms, pick.num_sms):
+        return None
+    stages = max_stages(128, pick.block_n, k, smem_limit, num_k_splits=2)
+    if not stages:
+        return None
+    cfg = make_config("normal", 128, pick.block_n, stages, k, num_k_splits=2, num_sms=ctas)
     return cfg if is_legal(cfg, k=k, available_sms=num_sms, smem_limit=smem_limit)[0] else None
 
 

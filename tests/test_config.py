@@ -76,11 +76,13 @@ def check_choice(cfg: GemmConfig, kind, g, m, n, k, num_sms=132, smem_limit=SMEM
         assert cfg.multicast_on_a or kind == "normal"
     if splits == 2:
         # split K across a cluster of 2: one wave of CTA pairs, narrow tiles
-        # (up to 96 for the one-warpgroup twin of a 128-row pick), an even
-        # number of K blocks, no multicast
+        # (up to 96 for the one-warpgroup twin of a 128-row pick, 64 for the
+        # 128-row twin of a 64-row pick), an even number of K blocks, no
+        # multicast
         assert cfg.num_multicast == 1 and cfg.num_sms % 2 == 0
         assert bm in (64, 128) and -(-k // 128) % 2 == 0
-        assert bn <= 32 or (bm == 64 and wgs == 1 and bn <= cfgmod.SPLIT_K_TWIN_MAX_BLOCK_N)
+        assert (bn <= 32 or (bm == 64 and wgs == 1 and bn <= cfgmod.SPLIT_K_TWIN_MAX_BLOCK_N)
+                or (bm == 128 and bn == cfgmod.SPLIT_K_M128_TWIN_BLOCK_N))
     tiles, executed, n_waves = tile_counts(cfg, m, n, g)
     if splits == 2:
         assert executed == 2 * tiles and n_waves == (1 if m > 0 else 0)
@@ -213,12 +215,13 @@ def test_m128_2112_splits_k():
     assert tile_counts(cfg, 128, 2112)[:2] == (66, 132)
 
 
-@pytest.mark.parametrize("m,n,k", [(64, 4096, 7168), (128, 4096, 7168), (64, 7168, 2048),
+@pytest.mark.parametrize("m,n,k", [(64, 4096, 7168), (64, 7168, 2048),
                                    (128, 7168, 16384), (4096, 7168, 2048)])
 def test_no_split_k_where_it_measured_slower(m, n, k):
     # Split K needs BLOCK_N doubled for the same CTA count; from BLOCK_N 64 up
     # that measured 1-37 % slower (sweep_v0.5_splitk.json), and at M = 4096
-    # there is more than one wave.
+    # there is more than one wave.  (128x4096x7168 splits since v0.31: 128x64
+    # k2 on the 64x64 w1 pick's CTAs, test_split_k_m128_twin_picks.)
     assert select_config("normal", m, n, k).num_k_splits == 1
 
 
@@ -248,6 +251,16 @@ def test_split_k4_needs_a_multiple_of_four_k_blocks():
     assert is_legal(make_config("normal", 64, 32, 8, 7168 - 512, num_k_splits=4, num_sms=132), k=7168 - 512)[0]
 
 
+def check_twin_pick(m, n, k, want, replaced):
+    """A twin rule's pick at 132 SMs: ``want`` first in the ranking, the cost
+    model's ``replaced`` right behind it, select_config's choice, and every
+    hard constraint (check_choice)."""
+    ranked = cfgmod.ranked_configs("normal", m, n, k, num_sms=132, warp_mma=False)
+    assert (str(ranked[0][1]), str(ranked[1][1])) == (want, replaced)
+    assert str(select_config("normal", m, n, k)) == want
+    check_choice(ranked[0][1], "normal", 1, m, n, k)
+
+
 # The four-way split-K twin (_config._split_k4_twin) at the shapes measured
 # on the H200 (benches/RESULTS.md v0.24, sweep_k4d.log: old pick -> twin, µs).
 @pytest.mark.parametrize("m,n,k,want,replaced", [
@@ -261,10 +274,7 @@ def test_split_k4_needs_a_multiple_of_four_k_blocks():
     (64, 576, 16384, "64x24 s16 w1 k4 sms96", "64x16 s16 w1 k2 sms72"),         # 14.9 -> 10.2
 ])
 def test_split_k4_twin_picks(m, n, k, want, replaced):
-    ranked = cfgmod.ranked_configs("normal", m, n, k, num_sms=132, warp_mma=False)
-    assert (str(ranked[0][1]), str(ranked[1][1])) == (want, replaced)
-    assert str(select_config("normal", m, n, k)) == want
-    check_choice(ranked[0][1], "normal", 1, m, n, k)
+    check_twin_pick(m, n, k, want, replaced)
 
 
 # The one-warpgroup split-K twin (_config._split_k_one_wg_twin): measured at
@@ -276,9 +286,7 @@ def test_split_k4_twin_picks(m, n, k, want, replaced):
     (100, 1536, 16384, "64x64 s11 w1 k2 sms96", "128x32 s9 k2 sms96"),
 ])
 def test_split_k_one_wg_twin_picks(m, n, k, want, replaced):
-    ranked = cfgmod.ranked_configs("normal", m, n, k, num_sms=132, warp_mma=False)
-    assert (str(ranked[0][1]), str(ranked[1][1])) == (want, replaced)
-    assert str(select_config("normal", m, n, k)) == want
+    check_twin_pick(m, n, k, want, replaced)
 
 
 # (3840: a 128x32 k2 pick with 15 K blocks a rank, one short of SPLIT_K_TWIN_MIN_KB.)
@@ -288,6 +296,37 @@ def test_split_k_one_wg_twin_edges(m, n, k):
     assert cfgmod._split_k_one_wg_twin("normal", m, n, k, pick, 132, cfgmod.SMEM_LIMIT) is None
     wide = cfgmod.make_config("normal", 128, 56, 8, k, num_k_splits=2, num_sms=132)
     assert cfgmod._split_k_one_wg_twin("normal", 128, n, k, wide, 132, cfgmod.SMEM_LIMIT) is None
+
+
+# The 128-row split-K twin of a 64-row one-warpgroup pick
+# (_config._split_k_m128_twin): measured on the H200 (benches/RESULTS.md
+# v0.31, m128_twin.log: 1.7-3.9 % faster at these shapes).
+@pytest.mark.parametrize("m,n,k,want,replaced", [
+    (128, 4096, 7168, "128x64 s7 k2 sms128", "64x64 s13 w1 sms128"),
+    (120, 4224, 7168, "128x64 s7 k2 sms132", "64x64 s13 w1 sms132"),
+    (128, 4096, 8192, "128x64 s7 k2 sms128", "64x64 s13 w1 sms128"),
+])
+def test_split_k_m128_twin_picks(m, n, k, want, replaced):
+    check_twin_pick(m, n, k, want, replaced)
+
+
+# The rule's edges on the 64x64 w1 pick of N = 4096: M <= 64; 31 K blocks
+# (odd); 27 a rank (one short of SPLIT_K_M128_TWIN_MIN_KB); K = 4096 (16 a
+# rank: measured 11 % slower, m128_twin.log); a pick of another width than
+# SPLIT_K_M128_TWIN_BLOCK_N, a split or a two-warpgroup pick; 128x3072x7168
+# (64x48 w1) keeps its pick.
+@pytest.mark.parametrize("m,k", [(64, 7168), (128, 3968), (128, 6912), (120, 4096)])
+def test_split_k_m128_twin_edges(m, k):
+    n = 4096
+    w1 = cfgmod.make_config("normal", 64, 64, 13, k, num_sms=128, num_math_warpgroups=1)
+    assert cfgmod._split_k_m128_twin("normal", m, n, k, w1, 132, cfgmod.SMEM_LIMIT) is None
+    assert str(cfgmod._split_k_m128_twin("normal", 128, n, 7168, w1, 132, cfgmod.SMEM_LIMIT)) == "128x64 s7 k2 sms128"
+    assert str(select_config("normal", 128, 3072, 7168)) == "64x48 s15 w1 sms128"
+    for other in (cfgmod.make_config("normal", 64, 72, 12, 7168, num_sms=114, num_math_warpgroups=1),
+                  cfgmod.make_config("normal", 64, 56, 14, 7168, num_sms=128, num_math_warpgroups=1),
+                  cfgmod.make_config("normal", 64, 64, 12, 7168, num_k_splits=2, num_sms=128, num_math_warpgroups=1),
+                  cfgmod.make_config("normal", 64, 64, 12, 7168, num_sms=128)):
+        assert cfgmod._split_k_m128_twin("normal", 128, n, 7168, other, 132, cfgmod.SMEM_LIMIT) is None
 
 
 @pytest.mark.parametrize("m,n,k", [(64, 2112, 7168), (128, 2112, 7168), (32, 4096, 7168), (128, 1536, 7168),

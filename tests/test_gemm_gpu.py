@@ -73,10 +73,27 @@ def test_decode_table(cp, m, n, k):
 def test_split_k_one_wg_twin(cp, m, n, k):
     cfg = cugemm8.get_gemm_config("normal", m, n, k)
     assert cfg.block_m == 64 and cfg.num_math_warpgroups == 1 and cfg.num_k_splits == 2, cfg
-    rng = np.random.default_rng(m * 31 + n + k)
-    a, sfa, b, sfb = H.make_operands(cp, rng, m, n, k)
+    check_pick_through_the_op(cp, cfg, m, n, k, seed=m * 31 + n + k)
+
+
+def check_pick_through_the_op(cp, cfg, m, n, k, *, seed):
+    """Fresh operands from ``seed`` through the public op (the heuristic's
+    ``cfg``), checked as run_checked does (poisoned output, guards, the
+    reference and its bound, a bit-identical rerun)."""
+    a, sfa, b, sfb = H.make_operands(cp, np.random.default_rng(seed), m, n, k)
     run_checked(cp, a, sfa, b, sfb, what=f"{cfg} m={m} n={n} k={k}",
                 sfa_for_call=cugemm8.get_col_major_tma_aligned_tensor(sfa))
+
+
+# The 128-row split-K twin of a 64-row one-warpgroup pick
+# (_config._split_k_m128_twin) through the public op beyond the decode
+# table's 128x4096x7168: M = 121 (the 128-row tile's last rows empty),
+# N = 4224 (132 CTAs), K = 8192 (32 K blocks a rank, skewed 34 / 30).
+@pytest.mark.parametrize("m,n,k", [(121, 4096, 8192), (128, 4224, 7168)])
+def test_split_k_m128_twin(cp, m, n, k):
+    cfg = cugemm8.get_gemm_config("normal", m, n, k)
+    assert cfg.block_m == 128 and cfg.block_n == 64 and cfg.num_k_splits == 2, cfg
+    check_pick_through_the_op(cp, cfg, m, n, k, seed=m * 37 + n + k)
 
 
 @pytest.mark.parametrize("m", [1, 2, 5, 8, 17, 32, 63])

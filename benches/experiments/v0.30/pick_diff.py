@@ -9,6 +9,10 @@ counts at 132 SMs only), counts the picks that differ between
   skew:    this tree's cost model and the same model counting the
            one-warpgroup skew in the busiest rank's K blocks (not landed);
   bn64:    v0.29's model and the same with SPLIT_K_MAX_BLOCK_N = 64 (not landed).
+The log is from v0.30's tree (cd038cf); on a later tree the first count
+also holds that tree's own changes (v0.31's adds four rows per SM count:
+benches/experiments/v0.31/pick_diff.py).  v0.31 imports the grid and the
+helpers.
 """
 import importlib.util
 import subprocess
@@ -45,15 +49,20 @@ def diff(name, a, b, show=True):
         print(f"  sms={key[0]} {key[1]}x{key[2]}x{key[3]}: {a[key]} -> {b[key]}")
 
 
-old_text = subprocess.run(["git", "-C", str(ROOT), "show", "1a1d11b:cugemm8/_config.py"],
-                          capture_output=True, text=True, check=True).stdout
-old = module_from(old_text, "_config_v029")
-cur_text = Path(cur.__file__).read_text()
-counted = module_from(cur_text.replace("(split_k_skew(bm, k) if splits == 2 else 0)",
-                                       "(split_k_skew(bm, k, wgs) if splits == 2 else 0)"), "_config_counted")
-wide = module_from(old_text, "_config_bn64")
-wide.SPLIT_K_MAX_BLOCK_N = 64
+def main() -> None:
+    old_text = subprocess.run(["git", "-C", str(ROOT), "show", "1a1d11b:cugemm8/_config.py"],
+                              capture_output=True, text=True, check=True).stdout
+    old = module_from(old_text, "_config_v029")
+    cur_text = Path(cur.__file__).read_text()
+    counted = module_from(cur_text.replace("(split_k_skew(bm, k) if splits == 2 else 0)",
+                                           "(split_k_skew(bm, k, wgs) if splits == 2 else 0)"), "_config_counted")
+    wide = module_from(old_text, "_config_bn64")
+    wide.SPLIT_K_MAX_BLOCK_N = 64
 
-diff("twin (v0.29 -> this tree)", picks(old, (132, 128, 100)), picks(cur, (132, 128, 100)))
-diff("skew counted in the cost model", picks(cur, (132,)), picks(counted, (132,)))
-diff("SPLIT_K_MAX_BLOCK_N = 64 on v0.29's model", picks(old, (132,)), picks(wide, (132,)), show=False)
+    diff("twin (v0.29 -> this tree)", picks(old, (132, 128, 100)), picks(cur, (132, 128, 100)))
+    diff("skew counted in the cost model", picks(cur, (132,)), picks(counted, (132,)))
+    diff("SPLIT_K_MAX_BLOCK_N = 64 on v0.29's model", picks(old, (132,)), picks(wide, (132,)), show=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -60,14 +60,15 @@ rows of B scales, is what splits the 2112-column weights into 12 tiles:
 128) and ``block_n`` <= SPLIT_K_MAX_BLOCK_N (32; wider only as the
 one-warpgroup twin of a 128-row pick, ``_split_k_one_wg_twin``, 64 x 2*BLOCK_N
 at 64 < m <= 128, and as the 128 x 64 twin of a 64 x 64 one-warpgroup pick
-at 64 < m <= 128 and K >= 7168, ``_split_k_m128_twin``) when the K blocks are even
+at 64 < m <= 128 and ceil(K / 128) >= 56, ``_split_k_m128_twin``) when the K blocks are even
 in number and twice the tiles fit in one wave of ``num_sms``: on the H200
 (benches/experiments/sweep_v0.5_splitk.json) it made 64x16-class tiles 9-43 %
 faster (64x2112x7168: 64x32 split 10.3 us against 64x16 12.1 us; the N =
 576 shapes 1.4x; 5-39 % with the final kernel's cluster-scope exchange,
 benches/RESULTS.md v0.5).  Where filling the SMs with pairs needs
 ``block_n`` >= 64, the best split was 0.6-37 % slower than the best unsplit
-tile, the cost model notwithstanding.
+tile, the cost model notwithstanding (the 0.6 %, 128x64 k2 at
+128x4096x7168, became a win with v0.6's skewed split: the m128 twin).
 
 Cost model
 ----------
@@ -270,7 +271,8 @@ NORMAL_MULTICAST_B_TILES = ((128, 176),)
 NORMAL_MULTICAST_A_TILES = ((256, 128),)
 NORMAL_MULTICAST_A_MIN_K = 7168
 # Split K across a cluster of 2 (num_k_splits = 2): one wave only, BLOCK_M
-# 64 or 128, BLOCK_N <= 32, an even number of K blocks; C_SPLIT cycles per
+# 64 or 128, BLOCK_N <= 32 among the cost model's candidates (wider only as
+# the two twins below), an even number of K blocks; C_SPLIT cycles per
 # tile for the DSMEM exchange of the FP32 partial tile (module docstring).
 SPLIT_K_ENABLED = True
 SPLIT_K_SIZES = (1, 2, 4)
@@ -322,17 +324,23 @@ SPLIT_K_TWIN_MIN_KB = 16
 # against 128x64 s7 k2 on the same CTAs, the benches' dirty flush;
 # benches/RESULTS.md v0.31, m128_twin.log, and at 128x4096x7168 also v0.30
 # m128.log, v0.31 ksplit.log, addr1.log, addr2.log): 128x4096x7168 1.2-2.0 %
-# faster in five runs (14.02 -> 13.74 µs in the last; `cugemm8 tune`'s
-# winner there since v0.11), 120x4224x7168 1.7 %, 128x4224x8192 2.6 %,
-# 128x4096x8192 3.9 %; but 120x4096x4096 11 % slower (9.12 -> 10.14 µs:
-# 16 K blocks a rank do not pay for the exchange).  So only where each rank
-# keeps SPLIT_K_M128_TWIN_MIN_KB K blocks (the smallest measured win, K =
-# 7168), and only for the measured width SPLIT_K_M128_TWIN_BLOCK_N: narrower
-# picks save fewer B bytes a CTA against the same exchange, and wider
-# 128-row tiles split K were 0.6-37 % slower in the v0.5 sweep.  It moves
-# N = 4096-4224 at K = 7168-8192 and M = 120-128
-# (benches/experiments/v0.31/pick_diff.log); of the decode table's 48
-# shapes only 128x4096x7168.
+# faster in five runs (14.02 -> 13.74 µs in the last; the fastest config
+# of v0.11's sweeps there too, 13.79 against 14.27 µs,
+# benches/experiments/sweep_v0.11_grouped.json), 120x4224x7168 1.7 %,
+# 128x4224x8192 2.6 %, 128x4096x8192 3.9 %; but 120x4096x4096 11 % slower
+# (9.12 -> 10.14 µs: 16 K blocks a rank do not pay for the exchange).  So
+# only where each rank keeps SPLIT_K_M128_TWIN_MIN_KB K blocks (the
+# smallest measured win, K = 7168), and only for the measured width
+# SPLIT_K_M128_TWIN_BLOCK_N: narrower picks save fewer B bytes a CTA
+# against the same exchange, and wider 128-row tiles split K were 6-8 %
+# slower at 128x4096x7168 in the v0.5 sweep (128x72 / 128x80 k2,
+# benches/experiments/sweep_v0.5_splitk.json).  Where the model picks 64 x
+# 64 w1 that is, on 132 SMs, M = 118-128, N = 3648-4224 (114-132 CTAs) and
+# ceil(K / 128) = 56-80 (above, 64 x 64 on two warpgroups wins the model),
+# and a little wider N on smaller SM budgets; measured at N = 4096-4224,
+# K = 7168-8192 only.  Of the decode table's 48 shapes it moves
+# 128x4096x7168 (benches/experiments/v0.31/pick_diff.log: 12 of 8976 picks
+# on that grid).
 SPLIT_K_M128_TWIN_BLOCK_N = 64
 SPLIT_K_M128_TWIN_MIN_KB = 28
 # Clusters of four CTAs (one per SM: these kernels' shared memory) that are

@@ -10,8 +10,8 @@ counts at 132 SMs only), counts the picks that differ between
            one-warpgroup skew in the busiest rank's K blocks (not landed);
   bn64:    v0.29's model and the same with SPLIT_K_MAX_BLOCK_N = 64 (not landed).
 The log is from v0.30's tree (cd038cf); on a later tree the first count
-also holds that tree's own changes (v0.31's adds four rows per SM count:
-benches/experiments/v0.31/pick_diff.py).  v0.31 imports the grid and the
+also holds that tree's own changes (v0.31's adds two rows at 132 SMs and two
+at 128: benches/experiments/v0.31/pick_diff.py).  v0.31 imports the grid and the
 helpers.
 """
 import importlib.util

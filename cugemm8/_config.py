@@ -1362,6 +1362,19 @@ def _swap_ab_twin(kind: str, m: int, n: int, k: int, pick: GemmConfig, num_sms: 
     return swap_ab_config(m, n, k, 8, bn, SWAP_AB_MAX_STAGES, num_sms, splits, smem_limit)
 
 
+def _split_twin_config(bm: int, bn: int, k: int, splits: int, ctas: int, wgs: int, num_sms: int,
+                       smem_limit: int) -> GemmConfig | None:
+    """A twin rule's split-K config (normal GEMM): ``bm`` x ``bn`` on
+    ``wgs`` math warpgroups, K split over ``splits`` CTAs, on ``ctas`` CTAs,
+    with the most stages that fit ``smem_limit``; None if none fit or the
+    config is illegal on ``num_sms`` SMs (:func:`is_legal`)."""
+    stages = max_stages(bm, bn, k, smem_limit, num_k_splits=splits, num_math_warpgroups=wgs)
+    if not stages:
+        return None
+    cfg = make_config("normal", bm, bn, stages, k, num_k_splits=splits, num_sms=ctas, num_math_warpgroups=wgs)
+    return cfg if is_legal(cfg, k=k, available_sms=num_sms, smem_limit=smem_limit)[0] else None
+
+
 def split_k4_max_ctas(num_sms: int) -> int:
     """CTAs of a four-way split-K grid whose clusters can all be resident
     on ``num_sms`` SMs: 4 x min(num_sms // 4, the GPC-bound cluster count
@@ -1398,12 +1411,7 @@ def _split_k4_twin(kind: str, m: int, n: int, k: int, pick: GemmConfig, num_sms:
             continue
         if bn > SPLIT_K4_MAX_TWIN_BLOCK_N:
             return None
-        stages = max_stages(bm, bn, k, smem_limit, num_k_splits=4, num_math_warpgroups=wgs)
-        if not stages:
-            return None
-        cfg = make_config("normal", bm, bn, stages, k, num_k_splits=4, num_sms=tiles * 4,
-                          num_math_warpgroups=wgs)
-        return cfg if is_legal(cfg, k=k, available_sms=num_sms, smem_limit=smem_limit)[0] else None
+        return _split_twin_config(bm, bn, k, 4, tiles * 4, wgs, num_sms, smem_limit)
     return None
 
 
@@ -1426,11 +1434,7 @@ def _split_k_one_wg_twin(kind: str, m: int, n: int, k: int, pick: GemmConfig, nu
     ctas = 2 * _ceil_div(n, bn) * 2
     if ctas > min(num_sms, pick.num_sms):
         return None
-    stages = max_stages(64, bn, k, smem_limit, num_k_splits=2, num_math_warpgroups=1)
-    if not stages:
-        return None
-    cfg = make_config("normal", 64, bn, stages, k, num_k_splits=2, num_sms=ctas, num_math_warpgroups=1)
-    return cfg if is_legal(cfg, k=k, available_sms=num_sms, smem_limit=smem_limit)[0] else None
+    return _split_twin_config(64, bn, k, 2, ctas, 1, num_sms, smem_limit)
 
 
 def _split_k_m128_twin(kind: str, m: int, n: int, k: int, pick: GemmConfig, num_sms: int,
@@ -1452,11 +1456,7 @@ def _split_k_m128_twin(kind: str, m: int, n: int, k: int, pick: GemmConfig, num_
     ctas = 2 * _ceil_div(n, pick.block_n)          # the pick's tiles: two m-blocks, all in one wave
     if kb % 2 or kb // 2 < SPLIT_K_M128_TWIN_MIN_KB or ctas > min(num_sms, pick.num_sms):
         return None
-    stages = max_stages(128, pick.block_n, k, smem_limit, num_k_splits=2)
-    if not stages:
-        return None
-    cfg = make_config("normal", 128, pick.block_n, stages, k, num_k_splits=2, num_sms=ctas)
-    return cfg if is_legal(cfg, k=k, available_sms=num_sms, smem_limit=smem_limit)[0] else None
+    return _split_twin_config(128, pick.block_n, k, 2, ctas, 2, num_sms, smem_limit)
 
 
 def swap_ab_config(m: int, n: int, k: int, bm: int, bn: int, stages: int, num_sms: int,

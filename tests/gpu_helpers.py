@@ -217,6 +217,24 @@ def run_forced(cp, cfg, m, n, k, seed, *, reruns=1, rows_too=False):
     return a, sfa, b, sfb, outs[0]
 
 
+def check_split_against_model(cp, cfg, m, n, k, seed, **model_kw):
+    """Fresh operands, two poisoned launches of ``cfg`` (guards checked,
+    bit-identical reruns), and the output equal bit for bit to the promotion
+    model (:func:`cugemm8.reference.promoted_accumulation_model`) with
+    ``model_kw`` (its split-K summation order)."""
+    from cugemm8 import reference as R
+    rng = np.random.default_rng(seed)
+    a, sfa, b, sfb = make_operands(cp, rng, m, n, k)
+    outs = [launch_forced(cp, cfg, a, sfa, b, sfb, m, n, k) for _ in range(2)]   # poisoned, guards checked
+    assert bool(cp.all(outs[0].view(cp.uint16) == outs[1].view(cp.uint16))), f"{cfg}: rerun differs"
+    model = R.promoted_accumulation_model(cp.asnumpy(a), cp.asnumpy(sfa), cp.asnumpy(b), cp.asnumpy(sfb),
+                                          tensor_core="hopper", **model_kw)
+    want = R.round_to_bf16(model).view(np.uint16)
+    got = cp.asnumpy(outs[0].view(cp.uint16))
+    bad = np.argwhere(got != want)
+    assert bad.size == 0, f"{cfg} m={m} n={n} k={k}: {len(bad)} outputs differ from the model, first at {tuple(bad[0])}"
+
+
 def check_special_value_rows(cp, cfg, m, n, k):
     """A NaN in one token's row (row 2) stays in that token's output row; a
     zero token row (row 4) gives zeros; the other rows match the reference

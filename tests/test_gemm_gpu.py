@@ -296,25 +296,8 @@ def test_split_k4_matches_the_promotion_model(cp, bm, bn, stages, wgs, m, n, k, 
                               num_math_warpgroups=wgs)
     ok, why = _config.is_legal(cfg, k=k)
     assert ok, why
-    check_split_against_model(cp, cfg, m, n, k, m * n + bm + wgs + num_sms, k_splits=4,
+    H.check_split_against_model(cp, cfg, m, n, k, m * n + bm + wgs + num_sms, k_splits=4,
                               warpgroup_split=bm == 64 and wgs == 2)
-
-
-def check_split_against_model(cp, cfg, m, n, k, seed, **model_kw):
-    """Fresh operands, two poisoned launches of ``cfg`` (guards checked,
-    bit-identical reruns), and the output equal bit for bit to the promotion
-    model with ``model_kw`` (its split-K summation order)."""
-    from cugemm8 import reference as R
-    rng = np.random.default_rng(seed)
-    a, sfa, b, sfb = H.make_operands(cp, rng, m, n, k)
-    outs = [H.launch_forced(cp, cfg, a, sfa, b, sfb, m, n, k) for _ in range(2)]   # poisoned, guards checked
-    assert bool(cp.all(outs[0].view(cp.uint16) == outs[1].view(cp.uint16))), f"{cfg}: rerun differs"
-    model = R.promoted_accumulation_model(cp.asnumpy(a), cp.asnumpy(sfa), cp.asnumpy(b), cp.asnumpy(sfb),
-                                          tensor_core="hopper", **model_kw)
-    want = R.round_to_bf16(model).view(np.uint16)
-    got = cp.asnumpy(outs[0].view(cp.uint16))
-    bad = np.argwhere(got != want)
-    assert bad.size == 0, f"{cfg} m={m} n={n} k={k}: {len(bad)} outputs differ from the model, first at {tuple(bad[0])}"
 
 
 # Split K across a CTA pair with the skewed split point (_config.split_k_skew:
@@ -341,7 +324,7 @@ def test_split_k_skew_matches_the_promotion_model(cp, bm, bn, stages, wgs, k, nu
     assert ok, why
     skew = _config.split_k_skew(bm, k, wgs)
     assert skew == (0 if bm == 64 and wgs == 2 else 2)
-    check_split_against_model(cp, cfg, m, n, k, bm * bn + wgs + k + num_sms, k_splits=2, split_skew=skew,
+    H.check_split_against_model(cp, cfg, m, n, k, bm * bn + wgs + k + num_sms, k_splits=2, split_skew=skew,
                               warpgroup_split=bm == 64 and wgs == 2)
 
 

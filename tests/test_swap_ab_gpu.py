@@ -10,8 +10,9 @@ every decode M up to 32 on the six DeepSeek-V3 (N, K) pairs, token tiles
 8-32, weight tiles 64-256, split K over clusters of 1, 2 and 4 (with few
 SMs, so one cluster runs many tiles and the exchange's barriers turn over),
 tails in M (two token tiles), N (N % BLOCK_N != 0, N = 8, 24, 520) and K
-(K % 128 != 0, fewer K blocks than a rank's share), and the bits against
-the 1D2D kernel with the same K split.
+(K % 128 != 0, fewer K blocks than a rank's share), the bits against
+the 1D2D kernel with the same K split, and a CTA pair's bits against the
+promotion model.
 """
 from __future__ import annotations
 
@@ -89,21 +90,41 @@ def test_short_k_swap_ab(cp):
     run_forced(cp, swap(3, 520, 512, 8, 64, 4, splits=4), 3, 520, 512, 3)
 
 
+# The 1D2D kernel's one-warpgroup pairs skew their split by two K blocks from
+# 8 blocks a rank on (_config.split_k_skew, v0.30), the swap-AB kernel splits
+# evenly: so the two-way pair is compared at K = 1792 (7 blocks a rank, no
+# skew), and the swap-AB pair at K = 7168 against the promotion model with an
+# even split below.
 @pytest.mark.parametrize("m", [1, 8, 24])
-@pytest.mark.parametrize("splits", [1, 2])
-def test_bits_equal_1d2d(cp, m, splits):
+@pytest.mark.parametrize("splits,k", [(1, 7168), (2, 1792)])
+def test_bits_equal_1d2d(cp, m, splits, k):
     """The same K split gives the 1D2D kernel's bits: each output element's
     products, WGMMA K block sums (the tensor core's per-element arithmetic
     does not depend on which operand is A), promotion and rank-order
     addition are the same operations in the same order."""
-    n, k = 4096, 7168
+    n = 4096
     a, sfa, b, sfb, out = run_forced(cp, swap(m, n, k, -(-m // 8) * 8, 64, 16, splits=splits), m, n, k,
                                      m + splits, reruns=0)
     ref_cfg = _tune.forced_config("normal", m, n, k, 1, 64, 32, 16, 132, splits=splits, wgs=1)
     assert ref_cfg is not None and not ref_cfg.swap_ab
+    assert splits == 1 or _config.split_k_skew(64, k, 1) == 0, "the 1D2D pair must split evenly here"
     want = launch(cp, ref_cfg, a, sfa, b, sfb, m, n, k)
     assert bool(cp.all(out.view(cp.uint16) == want.view(cp.uint16))), \
         f"swap-AB and {ref_cfg} differ in {int(cp.sum(out.view(cp.uint16) != want.view(cp.uint16)))} elements"
+
+
+@pytest.mark.parametrize("m,bm", [(8, 8), (24, 24), (40, 16)])
+@pytest.mark.parametrize("k", [2048, 7168])
+@pytest.mark.parametrize("num_sms", [132, 4])
+def test_split_matches_the_promotion_model(cp, m, bm, k, num_sms):
+    """A CTA pair splits the K blocks evenly (rank 0 the first half) and rank
+    0 adds rank 1's partial tile: bit for bit the promotion model with
+    ``k_splits = 2`` and no skew, at 8 blocks a rank (where the 1D2D pair
+    would skew) and 28; M = 40 on 16-token tiles runs three token tiles;
+    4 SMs give each pair many tiles."""
+    n = 1000
+    cfg = swap(m, n, k, bm, 64, 12, splits=2, num_sms=num_sms)
+    H.check_split_against_model(cp, cfg, m, n, k, m * 13 + k + num_sms, k_splits=2)
 
 
 def test_special_values_swap_ab(cp):

@@ -410,7 +410,7 @@ def main() -> int:
         d = cp.empty((1, n), dtype=cp.dtype("bfloat16"))
         timed("gemm M=1", n, k, nbytes,
               lambda: cugemm8.gemm_fp8_fp8_bf16_nt((x, sfa), (b, sfb), d))
-        del b
+        b = None   # drop this pair's weights before the next
         common.release_memory()
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

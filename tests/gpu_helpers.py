@@ -217,19 +217,35 @@ def run_forced(cp, cfg, m, n, k, seed, *, reruns=1, rows_too=False):
     return a, sfa, b, sfb, outs[0]
 
 
-def check_split_against_model(cp, cfg, m, n, k, seed, **model_kw):
+def check_split_against_model(cp, cfg, m, n, k, seed, *, distinct_from=None, **model_kw):
     """Fresh operands, two poisoned launches of ``cfg`` (guards checked,
     bit-identical reruns), and the output equal bit for bit to the promotion
     model (:func:`cugemm8.reference.promoted_accumulation_model`) with
-    ``model_kw`` (its split-K summation order)."""
+    ``model_kw`` (its split-K summation order).
+
+    ``distinct_from`` (other model keywords, e.g. another split point): the
+    operands are the first drawn from ``seed``, ``seed + 1``, ... (at most
+    32) on which the two models' BF16 outputs differ somewhere, so that the
+    comparison tells the two summation orders apart (a last-bit difference
+    of FP32 sums often rounds away in BF16: at M = 8, N = 1000 two split
+    points give the same bits for most seeds)."""
     from cugemm8 import reference as R
-    rng = np.random.default_rng(seed)
-    a, sfa, b, sfb = make_operands(cp, rng, m, n, k)
+
+    def model_bits(a, sfa, b, sfb, **kw):
+        model = R.promoted_accumulation_model(cp.asnumpy(a), cp.asnumpy(sfa), cp.asnumpy(b), cp.asnumpy(sfb),
+                                              tensor_core="hopper", **kw)
+        return R.round_to_bf16(model).view(np.uint16)
+
+    for s in range(seed, seed + (32 if distinct_from is not None else 1)):
+        a, sfa, b, sfb = make_operands(cp, np.random.default_rng(s), m, n, k)
+        want = model_bits(a, sfa, b, sfb, **model_kw)
+        if distinct_from is None or np.any(want != model_bits(a, sfa, b, sfb, **distinct_from)):
+            break
+    else:
+        raise AssertionError(f"m={m} n={n} k={k}: no seed in [{seed}, {seed + 32}) tells {model_kw} "
+                             f"from {distinct_from}")
     outs = [launch_forced(cp, cfg, a, sfa, b, sfb, m, n, k) for _ in range(2)]   # poisoned, guards checked
     assert bool(cp.all(outs[0].view(cp.uint16) == outs[1].view(cp.uint16))), f"{cfg}: rerun differs"
-    model = R.promoted_accumulation_model(cp.asnumpy(a), cp.asnumpy(sfa), cp.asnumpy(b), cp.asnumpy(sfb),
-                                          tensor_core="hopper", **model_kw)
-    want = R.round_to_bf16(model).view(np.uint16)
     got = cp.asnumpy(outs[0].view(cp.uint16))
     bad = np.argwhere(got != want)
     assert bad.size == 0, f"{cfg} m={m} n={n} k={k}: {len(bad)} outputs differ from the model, first at {tuple(bad[0])}"

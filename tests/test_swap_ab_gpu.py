@@ -103,11 +103,12 @@ def test_bits_equal_1d2d(cp, m, splits, k):
     does not depend on which operand is A), promotion and rank-order
     addition are the same operations in the same order."""
     n = 4096
-    a, sfa, b, sfb, out = run_forced(cp, swap(m, n, k, -(-m // 8) * 8, 64, 16, splits=splits), m, n, k,
-                                     m + splits, reruns=0)
     ref_cfg = _tune.forced_config("normal", m, n, k, 1, 64, 32, 16, 132, splits=splits, wgs=1)
     assert ref_cfg is not None and not ref_cfg.swap_ab
-    assert splits == 1 or _config.split_k_skew(64, k, 1) == 0, "the 1D2D pair must split evenly here"
+    assert splits == 1 or _config.split_k_skew(ref_cfg.block_m, k, ref_cfg.num_math_warpgroups) == 0, \
+        "the 1D2D pair must split evenly here"
+    a, sfa, b, sfb, out = run_forced(cp, swap(m, n, k, -(-m // 8) * 8, 64, 16, splits=splits), m, n, k,
+                                     m + splits, reruns=0)
     want = launch(cp, ref_cfg, a, sfa, b, sfb, m, n, k)
     assert bool(cp.all(out.view(cp.uint16) == want.view(cp.uint16))), \
         f"swap-AB and {ref_cfg} differ in {int(cp.sum(out.view(cp.uint16) != want.view(cp.uint16)))} elements"
@@ -120,11 +121,13 @@ def test_split_matches_the_promotion_model(cp, m, bm, k, num_sms):
     """A CTA pair splits the K blocks evenly (rank 0 the first half) and rank
     0 adds rank 1's partial tile: bit for bit the promotion model with
     ``k_splits = 2`` and no skew, at 8 blocks a rank (where the 1D2D pair
-    would skew) and 28; M = 40 on 16-token tiles runs three token tiles;
-    4 SMs give each pair many tiles."""
+    would skew) and 28, on operands where the 1D2D pair's skewed split
+    (two blocks more for rank 0) gives other bits; M = 40 on 16-token
+    tiles runs three token tiles; 4 SMs give each pair many tiles."""
     n = 1000
     cfg = swap(m, n, k, bm, 64, 12, splits=2, num_sms=num_sms)
-    H.check_split_against_model(cp, cfg, m, n, k, m * 13 + k + num_sms, k_splits=2)
+    H.check_split_against_model(cp, cfg, m, n, k, m * 13 + k + num_sms, k_splits=2,
+                                distinct_from={"k_splits": 2, "split_skew": 2})
 
 
 def test_special_values_swap_ab(cp):

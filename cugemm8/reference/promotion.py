@@ -202,12 +202,15 @@ def promoted_accumulation_model(a_bits: ArrayLike, sfa: ArrayLike, b_bits: Array
       partial tiles meet as a tree, ``final = fl32(fl32(part_0 + part_1) +
       fl32(part_2 + part_3))`` (ranks 1 and 3 send to 0 and 2, then 2 to 0).
 
-    All additions keep subnormals (``add.rn.f32``).  The four-way tree is
-    compared bit for bit with the kernel on the H200
-    (tests/test_gemm_gpu.py::test_split_k4_matches_the_promotion_model); the
-    two-way and warpgroup orders only through :func:`error_bound`, which
-    covers every order (its FP32 term bounds any summation tree of ``nkb``
-    terms).
+    All additions keep subnormals (``add.rn.f32``).  Each order is compared
+    bit for bit with the kernels on the H200: the four-way tree
+    (tests/test_gemm_gpu.py::test_split_k4_matches_the_promotion_model), the
+    two-way split with and without the skew and the warpgroup order
+    (``test_split_k_skew_matches_the_promotion_model``), and the swap-AB
+    kernel's even two-way split
+    (tests/test_swap_ab_gpu.py::test_split_matches_the_promotion_model).
+    :func:`error_bound` covers every order (its FP32 term bounds any
+    summation tree of ``nkb`` terms).
 
     Parameters
     ----------

@@ -1327,15 +1327,12 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit, warp_mma=True):
                          f"{smem_size(64, 8, _min_stages(64, 8), k)} bytes)")
     ranked.sort(key=lambda e: e[0])
     out = tuple((key[0], cfg) for key, cfg in ranked)
-    twin = _swap_ab_twin(kind, m, n, k, out[0][1], num_sms, smem_limit)
-    if twin is None:
-        twin = _split_k4_twin(kind, m, n, k, out[0][1], num_sms, smem_limit)
-    if twin is None:
-        twin = _split_k_one_wg_twin(kind, m, n, k, out[0][1], num_sms, smem_limit)
-    if twin is None:
-        twin = _split_k_m128_twin(kind, m, n, k, out[0][1], num_sms, smem_limit)
-    if twin is not None:
-        out = ((out[0][0], twin),) + out
+    # The twin rules, in order: the first that takes the model's pick wins.
+    for rule in (_swap_ab_twin, _split_k4_twin, _split_k_one_wg_twin, _split_k_m128_twin):
+        twin = rule(kind, m, n, k, out[0][1], num_sms, smem_limit)
+        if twin is not None:
+            out = ((out[0][0], twin),) + out
+            break
     wm = warp_mma_config(m, n, k, num_sms) if warp_mma and kind == "normal" else None
     # The cost model does not model the warp-MMA kernel: it takes the pick's score.
     return out if wm is None else ((out[0][0], wm),) + out

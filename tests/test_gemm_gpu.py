@@ -297,7 +297,7 @@ def test_split_k4_matches_the_promotion_model(cp, bm, bn, stages, wgs, m, n, k, 
     ok, why = _config.is_legal(cfg, k=k)
     assert ok, why
     H.check_split_against_model(cp, cfg, m, n, k, m * n + bm + wgs + num_sms, k_splits=4,
-                              warpgroup_split=bm == 64 and wgs == 2)
+                                warpgroup_split=bm == 64 and wgs == 2)
 
 
 # Split K across a CTA pair with the skewed split point (_config.split_k_skew:
@@ -325,7 +325,7 @@ def test_split_k_skew_matches_the_promotion_model(cp, bm, bn, stages, wgs, k, nu
     skew = _config.split_k_skew(bm, k, wgs)
     assert skew == (0 if bm == 64 and wgs == 2 else 2)
     H.check_split_against_model(cp, cfg, m, n, k, bm * bn + wgs + k + num_sms, k_splits=2, split_skew=skew,
-                              warpgroup_split=bm == 64 and wgs == 2)
+                                warpgroup_split=bm == 64 and wgs == 2)
 
 
 # The narrow-N weights where select_config takes the four-way split-K twin

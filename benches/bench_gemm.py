@@ -1,7 +1,8 @@
 """Benchmark cugemm8's FP8 GEMMs on the DeepSeek-V3 shapes.
 
     python benches/bench_gemm.py [--kinds normal,contiguous,masked] [--quick]
-                                 [--m1] [--reps 40] [--deepgemm] [--json OUT] [--plot OUT.png]
+                                 [--m1] [--reps 40] [--deepgemm] [--energy ROUNDS]
+                                 [--json OUT] [--plot OUT.png]
     python benches/bench_gemm.py --from-json OUT [--plot OUT.png]   # re-render, no GPU
 
 Per shape: the chosen config; two kernel times, each the median of --reps
@@ -16,6 +17,11 @@ baseline through PyTorch in the same run (checked too; 'wrong' results are
 excluded), timed both ways, each ratio taken between like times; DeepGEMM's
 H200 figure and the 1.10x target from docs/benchmarks.md.  Geometric means
 close the report.
+
+``--energy ROUNDS`` then prints the energy table of the M = 4096 normal
+shapes from the same process (benches/bench_energy.py: J per GEMM, W,
+TFLOPS per watt and the SM clock over sustained 1 s loops, alternating the
+libraries ROUNDS times; issue 20).
 
 ``--deepgemm`` times DeepGEMM itself in the same run instead of quoting its
 figure (put DeepGEMM v2.6.1 on PYTHONPATH: ../shared/anchors/README.md):
@@ -156,13 +162,18 @@ def deepgemm_call(shape: Shape, ops: dict, dg):
     return dg.grouped_masked(a, sfa, b, sfb, ops["masked_m"], shape.m)
 
 
-def measure_deepgemm(shape: Shape, ops: dict, ref, args, flush, dg, cp) -> dict:
+def measure_deepgemm(shape: Shape, ops: dict, ref, args, flush, dg, cp, ours=None) -> dict:
     """DeepGEMM on the same operands (``--deepgemm``; ``dg`` is
     :mod:`deepgemm_anchor`, or None: nothing measured): its output, NaN
     before the first call, checked against ``ref`` over the valid rows, then
-    timed like cugemm8 (CUDA events and CUPTI, same reps and flush).
+    timed like cugemm8 (CUDA events and CUPTI, same reps and flush).  With
+    ``ours`` (cugemm8's call) both are then timed once more in one CUPTI
+    sequence that alternates the two (:func:`common.kernel_times_alternating`):
+    the sequential timings put DeepGEMM's repetitions after cugemm8's, the
+    alternating one gives both the same clock history.
     Returns dg_status ('ok', 'FAIL <diff>' or 'error: ...'), dg_diff,
-    dg_first_call_s, dg_us, dg_spread and dg_kus."""
+    dg_first_call_s, dg_us, dg_spread, dg_kus and, alternating, alt_kus /
+    dg_alt_kus."""
     import common
     if dg is None:
         return {}
@@ -185,6 +196,11 @@ def measure_deepgemm(shape: Shape, ops: dict, ref, args, flush, dg, cp) -> dict:
         kt = common.kernel_times([run], reps=args.reps, flush=flush)
         res["dg_kus"] = kt.median if kt else None
         res["dg_status"] = "ok"
+        if ours is not None:
+            alt = common.kernel_times_alternating({"cugemm8": ours, "deepgemm": run}, reps=args.reps,
+                                                  flush=flush)
+            if alt is not None:
+                res["alt_kus"], res["dg_alt_kus"] = alt["cugemm8"].median, alt["deepgemm"].median
     except Exception as exc:
         res["dg_status"] = "error: " + " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
     return res
@@ -264,7 +280,7 @@ def bench_shape(shape: Shape, args, flush, copy_gbps: float, dg=None) -> dict:
         row["us"], row["spread"] = timing.median, timing.spread
         kt = common.kernel_times([run], reps=args.reps, flush=flush)
         row["kus"] = kt.median if kt else None
-        row.update(measure_deepgemm(shape, ops, ref, args, flush, dg, cp))
+        row.update(measure_deepgemm(shape, ops, ref, args, flush, dg, cp, ours=run))
         row.update(measure_baseline(shape, ops, ref, args, flush))
         del ref
         if shape.kind == "contiguous":
@@ -307,6 +323,8 @@ def add_metrics(row: dict, shape: Shape, rows, num_b: int, copy_gbps: float) -> 
     row["dg_tflops"] = row["flops"] / dg_t / 1e6 if dg_t else None
     row["ratio_dg"] = dg_t / t if dg_t and t else None
     row["ratio_dg_events"] = row["dg_us"] / us_ev if row.get("dg_us") and us_ev else None
+    alt, dg_alt = row.get("alt_kus"), row.get("dg_alt_kus")
+    row["ratio_dg_alternating"] = dg_alt / alt if alt and dg_alt else None
     same = row.get("same_m_kus") if kus else row.get("same_m_us")
     if same and t:
         row["contig_over_normal"] = t / same
@@ -351,6 +369,9 @@ def summarize(rows: list[dict]) -> dict:
                 "dg_failures": sum(r.get("dg_status") not in (None, "ok") for r in sel),
                 "geomean_vs_dg_same_run": _geomean(measured),
                 "geomean_vs_dg_same_run_events": _geomean(r.get("ratio_dg_events") for r in sel),
+                "geomean_vs_dg_alternating": _geomean(r.get("ratio_dg_alternating") for r in sel),
+                "min_vs_dg_alternating": min((r["ratio_dg_alternating"] for r in sel
+                                              if r.get("ratio_dg_alternating")), default=None),
                 "min_vs_dg_same_run": min(measured, default=None),
                 "below_dg_same_run": sum(v < 1 for v in measured),
                 "below_target_same_run": sum(v < TARGET_FACTOR for v in measured),
@@ -373,16 +394,19 @@ COLUMNS = ("kind", "shape", "config", "µs", "µs ev", "TFLOPS", "GB/s", "%copy"
            "cuBLASLt TF", "×cuBLASLt", "DeepGEMM TF", "×DeepGEMM", "target TF", "note")
 #: With DeepGEMM timed in the run: its time (the row's timer) and cugemm8's
 #: speed-up over it replace the H200 figure, its ratio and the target.
-COLUMNS_DG = COLUMNS[:11] + ("DeepGEMM µs", "×DeepGEMM", "note")
+#: '×DG alt': the same ratio from the alternating CUPTI sequence.
+COLUMNS_DG = COLUMNS[:11] + ("DeepGEMM µs", "×DeepGEMM", "×DG alt", "note")
 
 
 def _dg_cells(r: dict) -> tuple:
-    """(DeepGEMM µs, ×DeepGEMM) cells of a row timed with --deepgemm: the
-    time, or why there is none (FAIL <diff>, error: ..., '-' not run)."""
+    """(DeepGEMM µs, ×DeepGEMM, ×DG alt) cells of a row timed with
+    --deepgemm: the time and the two ratios, or why there is none
+    (FAIL <diff>, error: ..., '-' not run)."""
     status = r.get("dg_status")
     if status == "ok" and r.get("dg_t_us"):
-        return _f(r["dg_t_us"], ".1f"), _f(r.get("ratio_dg"), ".2f")
-    return ((status or "-")[:40], "-")
+        return (_f(r["dg_t_us"], ".1f"), _f(r.get("ratio_dg"), ".2f"),
+                _f(r.get("ratio_dg_alternating"), ".3f"))
+    return ((status or "-")[:40], "-", "-")
 
 
 def table_row(r: dict, measured: bool = False) -> tuple:
@@ -422,7 +446,9 @@ def summary_line(kind: str, s: dict) -> str:
         line += (f"geomean ×DeepGEMM (same run) {_f(s['geomean_vs_dg_same_run'], '.3f')} over "
                  f"{s['dg_shapes']} (min {_f(s['min_vs_dg_same_run'], '.2f')}, {s['below_dg_same_run']} "
                  f"below 1.0, {s['below_target_same_run']} below the 1.10× target; events/events "
-                 f"{_f(s.get('geomean_vs_dg_same_run_events'), '.3f')}"
+                 f"{_f(s.get('geomean_vs_dg_same_run_events'), '.3f')}; alternating CUPTI "
+                 f"{_f(s.get('geomean_vs_dg_alternating'), '.3f')}, min "
+                 f"{_f(s.get('min_vs_dg_alternating'), '.2f')}"
                  + (f"; DeepGEMM failed on {s['dg_failures']}" if s.get("dg_failures") else "") + ")")
     else:
         line += (f"geomean ×DeepGEMM {_f(s['geomean_vs_deepgemm'], '.3f')} over {s['anchored_shapes']}, "
@@ -447,7 +473,9 @@ def print_report(meta: dict, rows: list[dict], summary: dict) -> None:
     measured = deepgemm_measured(rows)
     if measured:
         print(f"  DeepGEMM: {meta.get('deepgemm', 'timed in this run')}; 'DeepGEMM µs' with the row's timer, "
-              "'×DeepGEMM' = its time / cugemm8's (> 1: cugemm8 faster), checked first like cugemm8")
+              "'×DeepGEMM' = its time / cugemm8's (> 1: cugemm8 faster), checked first like cugemm8; "
+              "'×DG alt' = the same ratio from one CUPTI sequence alternating the two (DeepGEMM's "
+              "own repetitions otherwise run after cugemm8's)")
     else:
         print("  DeepGEMM: its H200 figure (docs/benchmarks.md, anchor 1), not measured in this run"
               + (f" ({meta['deepgemm']})" if meta.get("deepgemm") else "; --deepgemm times it"))
@@ -712,6 +740,11 @@ def parse_args(argv):
                    help="time DeepGEMM (an importable deep_gemm v2.x, e.g. v2.6.1 on PYTHONPATH) in the same "
                         "run on the same bytes, every kind, instead of quoting its H200 figure; "
                         "without a usable DeepGEMM the run says why and goes on")
+    p.add_argument("--energy", type=int, default=0, metavar="ROUNDS",
+                   help="after the tables, the energy table of the M = 4096 normal shapes (benches/"
+                        "bench_energy.py: sustained 1 s loops, NVML's energy counter, ROUNDS alternations "
+                        "of the libraries, DeepGEMM with --deepgemm) in the same run; with --json it also "
+                        "writes OUT's stem + '.energy.json'")
     p.add_argument("--json", metavar="OUT", help="write meta, rows and summary as JSON")
     p.add_argument("--plot", metavar="OUT.png", help="write a bar chart + roofline (matplotlib)")
     p.add_argument("--from-json", metavar="IN", help="re-render a saved --json result (no GPU needed)")
@@ -722,7 +755,22 @@ def parse_args(argv):
         p.error(f"unknown kinds {bad}; choose from normal, contiguous, masked")
     if args.reps < 1:
         p.error("--reps must be >= 1")
+    if args.energy < 0:
+        p.error("--energy takes a number of rounds >= 1 (0: no energy table)")
     return args
+
+
+def energy_argv(args) -> list[str]:
+    """bench_energy.py's arguments for ``--energy ROUNDS``: the six M = 4096
+    normal shapes, DeepGEMM beside when ``--deepgemm``, its JSON beside
+    ``--json``'s (``run.json`` -> ``run.energy.json``)."""
+    argv = ["--ms", "4096", "--rounds", str(args.energy)]
+    if args.deepgemm:
+        argv.append("--deepgemm")
+    if args.json:
+        out = Path(args.json)
+        argv += ["--json", str(out.with_name(out.stem + ".energy.json"))]
+    return argv
 
 
 def main(argv=None) -> int:
@@ -743,6 +791,10 @@ def main(argv=None) -> int:
             print(f"plot written to {args.plot}")
         except ImportError as exc:
             print(f"--plot skipped: matplotlib is not importable ({exc})", file=sys.stderr)
+    if args.energy and not args.from_json:
+        import bench_energy
+        print()
+        bench_energy.main(energy_argv(args))
     return 0
 
 

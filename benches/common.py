@@ -182,14 +182,47 @@ def _hold_gpu():
     return _hold_state["spin"]
 
 
+def kernel_times_alternating(named_fns: dict, *, reps: int, flush) -> dict | None:
+    """CUPTI kernel times of several callables measured in one profiled
+    sequence, alternating: repetition ``r`` runs ``flush()`` then one
+    callable, for each callable in turn, in an order rotated by ``r`` (for
+    two, A B, B A, A B, ...), so that the GPU's clock drift over the run
+    and the position after another library's kernel weigh on each callable
+    alike.  A value is the summed duration of the activities between two
+    flushes, as in :func:`kernel_times`.
+
+    Returns ``{name: Timing}`` (``reps`` samples each), or None when torch
+    (with CUDA) is not importable or nothing was recorded.
+    """
+    names = list(named_fns)
+    order = [names[(r + i) % len(names)] for r in range(reps) for i in range(len(names))]
+    slots = _profiled_slots([[named_fns[name]] for name in order], flush=flush)
+    if slots is None or len(slots) != len(order):
+        return None
+    samples: dict = {name: [] for name in names}
+    for name, acts in zip(order, slots):
+        total = sum(dur for _, dur in acts)
+        if total:
+            samples[name].append(total)
+    if not all(samples.values()):
+        return None
+    return {name: Timing(v) for name, v in samples.items()}
+
+
 def _profiled_reps(fns, *, reps: int, flush, hold_s: float = 0.0):
     """The GPU activities of ``reps`` repetitions of ``flush()`` then every
-    ``fn``, profiled with CUPTI through ``torch.profiler``: per repetition
-    the list of ``(start_us, duration_us)`` of each activity after its flush,
-    the flush's own activities (named as when profiling ``flush()`` alone)
-    left out.  With ``hold_s`` the GPU is first held that many seconds
-    (:func:`_hold_gpu`).  None when torch (with CUDA) is not importable,
-    ``flush`` is None or the flush recorded nothing."""
+    ``fn``: :func:`_profiled_slots` with the same callables in every slot."""
+    return _profiled_slots([fns] * reps, flush=flush, hold_s=hold_s)
+
+
+def _profiled_slots(slots, *, flush, hold_s: float = 0.0):
+    """The GPU activities of one ``flush()`` then every callable of the slot,
+    for each slot of ``slots`` in turn, profiled with CUPTI through
+    ``torch.profiler``: per slot the list of ``(start_us, duration_us)`` of
+    each activity after its flush, the flush's own activities (named as when
+    profiling ``flush()`` alone) left out.  With ``hold_s`` the GPU is first
+    held that many seconds (:func:`_hold_gpu`).  None when torch (with CUDA)
+    is not importable, ``flush`` is None or the flush recorded nothing."""
     torch, _ = load_torch()
     if torch is None or flush is None:
         return None
@@ -218,7 +251,7 @@ def _profiled_reps(fns, *, reps: int, flush, hold_s: float = 0.0):
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         if hold is not None:              # before the first flush: in no repetition
             hold(hold_s)
-        for _ in range(reps):
+        for fns in slots:
             flush()
             for fn in fns:
                 fn()

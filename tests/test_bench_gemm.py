@@ -33,7 +33,7 @@ def _rows(dg: bool):
                 row.update(dg_status="FAIL 3.1e-02", dg_diff=3.1e-2, dg_us=None, dg_kus=None)
             else:
                 row.update(dg_status="ok", dg_diff=2e-5, dg_us=13.2, dg_kus=9.0 if i == 0 else 12.5,
-                           dg_spread=0.3 if i == 1 else 0.01)
+                           dg_spread=0.3 if i == 1 else 0.01, alt_kus=10.0, dg_alt_kus=9.5 if i == 0 else 11.0)
         rows.append(bench_gemm.add_metrics(row, shape, None, shape.num_groups, 4300.0))
     return shapes, rows
 
@@ -42,6 +42,22 @@ def test_deepgemm_flag_parses():
     assert bench_gemm.parse_args([]).deepgemm is False
     args = bench_gemm.parse_args(["--deepgemm", "--kinds", "contiguous,masked"])
     assert args.deepgemm is True and args.kinds == ["contiguous", "masked"]
+
+
+def test_energy_flag_hands_bench_energy_its_arguments():
+    assert bench_gemm.parse_args([]).energy == 0
+    args = bench_gemm.parse_args(["--energy", "3", "--deepgemm", "--json", "out/run.json"])
+    assert bench_gemm.energy_argv(args) == ["--ms", "4096", "--rounds", "3", "--deepgemm",
+                                            "--json", str(Path("out/run.energy.json"))]
+    assert bench_gemm.energy_argv(bench_gemm.parse_args(["--energy", "1"])) == ["--ms", "4096", "--rounds", "1"]
+    with pytest.raises(SystemExit):
+        bench_gemm.parse_args(["--energy", "-1"])
+    # bench_energy's own parser takes them; without a GPU it then says so and returns 2.
+    from cugemm8 import _device
+    if _device.gpu_unavailable_reason() is None:
+        pytest.skip("a GPU is present: bench_energy would run its loops")
+    bench_energy = pytest.importorskip("bench_energy")
+    assert bench_energy.main(bench_gemm.energy_argv(args)) == 2
 
 
 def test_measured_ratios_are_like_timer_with_like():
@@ -53,6 +69,9 @@ def test_measured_ratios_are_like_timer_with_like():
     assert first["ratio_dg_events"] == pytest.approx(13.2 / 12.0)
     assert first["dg_tflops"] == pytest.approx(first["flops"] / 9.0 / 1e6)
     assert last["ratio_dg"] is None and last["dg_tflops"] is None
+    assert first["ratio_dg_alternating"] == pytest.approx(9.5 / 10.0)
+    assert second["ratio_dg_alternating"] == pytest.approx(11.0 / 10.0)
+    assert last["ratio_dg_alternating"] is None
     # events only (no CUPTI): events against events
     row = dict(kind="normal", m=64, n=2112, k=7168, g=1, label="x", us=12.0, dg_us=15.0, dg_status="ok")
     row = bench_gemm.add_metrics(row, bench_gemm.Shape("normal", 64, 2112, 7168), None, 1, 4300.0)
@@ -70,6 +89,9 @@ def test_summary_counts_measured_shapes():
     assert s["below_dg_same_run"] == 1 and s["below_target_same_run"] == 1     # 0.90; the 1.25s pass
     assert s["geomean_vs_dg_same_run"] == pytest.approx(float(np.exp(np.mean(np.log(ratios)))))
     assert summary["masked"]["dg_shapes"] == 0 and summary["masked"]["dg_failures"] == 1
+    alt = [r["ratio_dg_alternating"] for r in rows if r["ratio_dg_alternating"]]
+    assert s["geomean_vs_dg_alternating"] == pytest.approx(float(np.exp(np.mean(np.log(alt)))))
+    assert s["min_vs_dg_alternating"] == pytest.approx(0.95)
     # without --deepgemm none of these keys appear
     _, plain = _rows(dg=False)
     assert not any(k.startswith("dg_") for k in bench_gemm.summarize(plain)["all"])
@@ -85,9 +107,11 @@ def test_report_shows_measured_columns_and_summary(capsys):
     assert "DeepGEMM 2.6.1 timed in this run" in out and "> 1: cugemm8 faster" in out
     assert "FAIL 3.1e-02" in out and "DeepGEMM noisy" in out
     first = next(line for line in out.splitlines() if line.startswith("normal") and "64x2112x7168" in line)
-    assert first.split()[-2:] == ["9.0", "0.90"]                   # DeepGEMM µs (CUPTI), ×DeepGEMM
+    assert first.split()[-3:] == ["9.0", "0.90", "0.950"]          # DeepGEMM µs (CUPTI), ×DeepGEMM, ×DG alt
+    assert "alternating the two" in out
     line = next(line for line in out.splitlines() if line.strip().startswith("all:"))
     assert "geomean ×DeepGEMM (same run)" in line and "min 0.90, 1 below 1.0" in line
+    assert "alternating CUPTI" in line and "min 0.95" in line
     assert "DeepGEMM failed on 1" in line
 
 
@@ -107,7 +131,8 @@ def test_json_round_trip_carries_the_deepgemm_fields(tmp_path, capsys):
     path.write_text(json.dumps({"meta": {"deepgemm": "DeepGEMM 2.6.1 timed in this run"}, "rows": rows,
                                 "summary": bench_gemm.summarize(rows)}))
     saved = json.loads(path.read_text())
-    for key in ("dg_us", "dg_kus", "dg_status", "dg_diff", "dg_t_us", "dg_tflops", "ratio_dg", "ratio_dg_events"):
+    for key in ("dg_us", "dg_kus", "dg_status", "dg_diff", "dg_t_us", "dg_tflops", "ratio_dg", "ratio_dg_events",
+                "alt_kus", "dg_alt_kus", "ratio_dg_alternating"):
         assert key in saved["rows"][0], key
     assert "geomean_vs_dg_same_run" in saved["summary"]["normal"]
     assert bench_gemm.main(["--from-json", str(path)]) == 0
@@ -160,3 +185,29 @@ def test_a_deepgemm_error_becomes_the_row_status():
                                       None, None, None, dg, None)
     assert res["dg_status"].startswith("error: RuntimeError: Assertion error") and res["dg_us"] is None
     assert bench_gemm.measure_deepgemm(shape, {}, None, None, None, None, None) == {}
+
+
+def test_alternating_kernel_times_rotate_the_order(monkeypatch):
+    """common.kernel_times_alternating: repetition r runs the callables in
+    an order rotated by r, one flush before each, and gives every slot's
+    activities to the callable that ran in it (the profiler faked: each
+    slot's single activity lasts the callable's own tag)."""
+    common = pytest.importorskip("common")
+    seen = []
+
+    def fake_slots(slots, *, flush, hold_s=0.0):
+        seen.extend(fns[0] for fns in slots)
+        return [[(0.0, fns[0]())] for fns in slots]
+
+    monkeypatch.setattr(common, "_profiled_slots", fake_slots)
+    a, b, c = (lambda: 1.0), (lambda: 2.0), (lambda: 3.0)
+    out = common.kernel_times_alternating({"a": a, "b": b}, reps=4, flush=object())
+    assert seen == [a, b, b, a, a, b, b, a]
+    assert out["a"].samples == [1.0] * 4 and out["b"].samples == [2.0] * 4
+    seen.clear()
+    out = common.kernel_times_alternating({"a": a, "b": b, "c": c}, reps=3, flush=object())
+    assert seen == [a, b, c, b, c, a, c, a, b]
+    assert out["c"].median == 3.0
+    # a slot count that does not match (a flush not recorded): no result rather than misattributed times
+    monkeypatch.setattr(common, "_profiled_slots", lambda slots, **_: [[(0.0, 1.0)]])
+    assert common.kernel_times_alternating({"a": a, "b": b}, reps=2, flush=object()) is None

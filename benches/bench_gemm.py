@@ -196,14 +196,27 @@ def measure_deepgemm(shape: Shape, ops: dict, ref, args, flush, dg, cp, ours=Non
         kt = common.kernel_times([run], reps=args.reps, flush=flush)
         res["dg_kus"] = kt.median if kt else None
         res["dg_status"] = "ok"
-        if ours is not None:
-            alt = common.kernel_times_alternating({"cugemm8": ours, "deepgemm": run}, reps=args.reps,
-                                                  flush=flush)
-            if alt is not None:
-                res["alt_kus"], res["dg_alt_kus"] = alt["cugemm8"].median, alt["deepgemm"].median
     except Exception as exc:
         res["dg_status"] = "error: " + " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+        return res
+    if ours is not None:
+        res.update(alternating_times(ours, run, args, flush))
     return res
+
+
+def alternating_times(ours, theirs, args, flush) -> dict:
+    """``alt_kus`` (cugemm8) and ``dg_alt_kus`` (DeepGEMM): the medians of
+    one CUPTI sequence alternating the two calls
+    (:func:`common.kernel_times_alternating`); ``alt_error`` instead when it
+    fails, which leaves the sequential timings standing."""
+    import common
+    try:
+        alt = common.kernel_times_alternating({"cugemm8": ours, "deepgemm": theirs}, reps=args.reps, flush=flush)
+    except Exception as exc:
+        return {"alt_error": " ".join(f"{type(exc).__name__}: {exc}".split())[:200]}
+    if alt is None:
+        return {}
+    return {"alt_kus": alt["cugemm8"].median, "dg_alt_kus": alt["deepgemm"].median}
 
 
 def measure_baseline(shape: Shape, ops: dict, ref, args, flush) -> dict:
@@ -794,7 +807,7 @@ def main(argv=None) -> int:
     if args.energy and not args.from_json:
         import bench_energy
         print()
-        bench_energy.main(energy_argv(args))
+        return bench_energy.main(energy_argv(args))
     return 0
 
 

@@ -211,3 +211,29 @@ def test_alternating_kernel_times_rotate_the_order(monkeypatch):
     # a slot count that does not match (a flush not recorded): no result rather than misattributed times
     monkeypatch.setattr(common, "_profiled_slots", lambda slots, **_: [[(0.0, 1.0)]])
     assert common.kernel_times_alternating({"a": a, "b": b}, reps=2, flush=object()) is None
+
+
+def test_alternating_times_name_each_library_and_keep_the_sequential_ones_on_failure(monkeypatch):
+    """bench_gemm.alternating_times maps the alternating sequence's timings
+    to cugemm8 (``alt_kus``) and DeepGEMM (``dg_alt_kus``) by name, so the
+    ratio cannot come out inverted; a failure becomes ``alt_error``."""
+    common = pytest.importorskip("common")
+    ours, theirs = object(), object()
+    seen = {}
+
+    def fake(named_fns, *, reps, flush):
+        seen.update(named_fns)
+        return {"deepgemm": common.Timing([9.0, 9.0]), "cugemm8": common.Timing([10.0, 10.0])}
+
+    monkeypatch.setattr(common, "kernel_times_alternating", fake)
+    args = bench_gemm.parse_args(["--reps", "2"])
+    out = bench_gemm.alternating_times(ours, theirs, args, flush=object())
+    assert seen == {"cugemm8": ours, "deepgemm": theirs}
+    assert out == {"alt_kus": 10.0, "dg_alt_kus": 9.0}
+
+    def broken(named_fns, *, reps, flush):
+        raise RuntimeError("profiler gone")
+
+    monkeypatch.setattr(common, "kernel_times_alternating", broken)
+    assert bench_gemm.alternating_times(ours, theirs, args, flush=object()) == {
+        "alt_error": "RuntimeError: profiler gone"}

@@ -10,7 +10,8 @@ its executed warp-instructions ("Instructions Executed") and its warp-state
 samples, in total and per stall reason (``stall_*``; Nsight Compute's
 "Warp Stall Sampling").  Printed per kernel:
 
-* totals: instructions executed, samples, and samples per stall reason;
+* totals: instructions executed, samples, and samples per stall reason (every
+  reason with any);
 * **regions**: runs of consecutive executed instructions with the same
   execution count (instructions never executed are skipped; a
   straight-line block: e.g. 24576 = once per tile and math warp
@@ -92,10 +93,11 @@ def regions(rows: list[dict], min_total: int) -> list[dict]:
 
 
 def short_name(name: str) -> str:
-    base = name.split("(")[0].replace("void ", "")
-    args = re.findall(r"\(unsigned int\)(\d+)|\(bool\)(\d)", name)
-    vals = ",".join(a or b for a, b in args[:8])
-    return f"{base}<{vals}...>" if vals else base[:80]
+    """'ns::kernel<24576,1536,256,...>' of the page's full name: the
+    template's first eight values, each cast '(type)value' read as value."""
+    head, _, tail = name.replace("void ", "", 1).partition("<")
+    vals = re.findall(r"\([^()]*\)(-?\d+)", tail.split(">(")[0])
+    return f"{head}<{','.join(vals[:8])}...>" if vals else head[:80]
 
 
 def report(kernels, args) -> None:
@@ -106,7 +108,7 @@ def report(kernels, args) -> None:
         total = collections.Counter({s: sum(_int(r, s) for r in rows) for s in stalls})
         print(f"[{idx}] {short_name(name)}")
         print(f"    instructions {sum(_int(r, EXECUTED) for r in rows):,}  samples {sum(_int(r, SAMPLES) for r in rows):,}")
-        print("    stalls: " + ", ".join(f"{s[6:]} {v}" for s, v in total.most_common(8) if v))
+        print("    stalls: " + ", ".join(f"{s[6:]} {v}" for s, v in total.most_common() if v))
         print(f"    regions (>= {args.regions:,} warp-instructions): first row, count x length, samples")
         for g in regions(rows, args.regions):
             print(f"      {g['first']:5d}  {g['count']:9,d} x {g['length']:4d} = {g['count'] * g['length']:12,d}"
@@ -124,7 +126,7 @@ def report(kernels, args) -> None:
         for c, (_, rows) in zip(counts, chosen):
             for r in rows:
                 c[opcode(r.get("Source", ""))] += _int(r, EXECUTED)
-        ops = sorted(set().union(*counts), key=lambda o: -sum(c[o] for c in counts))
+        ops = sorted(set().union(*counts), key=lambda o: (-sum(c[o] for c in counts), o))
         print("executed by opcode: " + " | ".join(f"[{i}]" for i in pick))
         for o in ops[:args.opcodes]:
             print(f"    {o:10s} " + " ".join(f"{c[o]:14,d}" for c in counts))

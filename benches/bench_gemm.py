@@ -151,6 +151,12 @@ def warm_specs(shapes: list[Shape]) -> list[tuple]:
     return out
 
 
+def _error_text(exc: BaseException, limit: int = 200) -> str:
+    """'TypeName: message' of ``exc`` on one line (whitespace runs collapsed),
+    cut to ``limit`` characters: the form every status cell of the report takes."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:limit]
+
+
 def deepgemm_call(shape: Shape, ops: dict, dg):
     """DeepGEMM's callable for ``shape`` on cugemm8's operands ``ops`` (the
     same bytes; ``run.out`` its torch bf16 output like D)."""
@@ -197,7 +203,7 @@ def measure_deepgemm(shape: Shape, ops: dict, ref, args, flush, dg, cp, ours=Non
         res["dg_kus"] = kt.median if kt else None
         res["dg_status"] = "ok"
     except Exception as exc:
-        res["dg_status"] = "error: " + " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+        res["dg_status"] = "error: " + _error_text(exc)
         return res
     if ours is not None:
         res.update(alternating_times(ours, run, args, flush))
@@ -213,7 +219,7 @@ def alternating_times(ours, theirs, args, flush) -> dict:
     try:
         alt = common.kernel_times_alternating({"cugemm8": ours, "deepgemm": theirs}, reps=args.reps, flush=flush)
     except Exception as exc:
-        return {"alt_error": " ".join(f"{type(exc).__name__}: {exc}".split())[:200]}
+        return {"alt_error": _error_text(exc)}
     if alt is None:
         return {}
     return {"alt_kus": alt["cugemm8"].median, "dg_alt_kus": alt["deepgemm"].median}
@@ -247,7 +253,7 @@ def measure_baseline(shape: Shape, ops: dict, ref, args, flush) -> dict:
         res["base_kus"] = kt.median if kt else None
         res["base_status"] = "ok"
     except Exception as exc:
-        res["base_status"] = "n/a: " + " ".join(f"{type(exc).__name__}: {exc}".split())[:160]
+        res["base_status"] = "n/a: " + _error_text(exc, 160)
     return res
 
 
@@ -301,7 +307,7 @@ def bench_shape(shape: Shape, args, flush, copy_gbps: float, dg=None) -> dict:
         rows, num_b = valid_rows(shape, ops), shape.num_groups
     except Exception as exc:
         row.setdefault("config", "?")
-        row["check"] = "error: " + " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+        row["check"] = "error: " + _error_text(exc)
         rows, num_b = None, shape.num_groups
     finally:
         common.release_memory()
@@ -707,7 +713,7 @@ def open_deepgemm(args, shapes: list[Shape]):
         import deepgemm_anchor
         dg_mod, why = deepgemm_anchor.load()
     except Exception as exc:          # a broken install must not end the cugemm8 run
-        dg_mod, why = None, "DeepGEMM not usable (" + " ".join(f"{type(exc).__name__}: {exc}".split())[:200] + ")"
+        dg_mod, why = None, "DeepGEMM not usable (" + _error_text(exc) + ")"
     if dg_mod is None:
         print(f"--deepgemm: {why}; going on without it")
         return None, f"n/a: {why}"

@@ -34,6 +34,10 @@ import collections
 import csv
 import re
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sass_loop_count import opcode as sass_opcode  # noqa: E402
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
 EXECUTED = "Instructions Executed"
@@ -65,9 +69,9 @@ def _int(row: dict, key: str) -> int:
 
 
 def opcode(source: str) -> str:
-    """'QGMMA' of '@!P0 QGMMA.64x128x32.F32 ...' (predicate and modifiers dropped)."""
-    s = re.sub(r"^@!?U?P\w+\s+", "", source.strip())
-    return s.split()[0].split(".")[0] if s else "?"
+    """'QGMMA' of '@!P0 QGMMA.64x128x32.F32 ...' (sass_loop_count.opcode: the
+    predicate and the modifiers dropped); '?' for an empty row."""
+    return sass_opcode(source) if source.strip() else "?"
 
 
 def stall_columns(rows: list[dict]) -> list[str]:

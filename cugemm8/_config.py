@@ -163,7 +163,7 @@ C_TILE + BM*BN/64 is the per-tile B-scale load, syncs and D staging
   Only the kinds in MULTICAST_KINDS consider it, for the tiles in
   MULTICAST_TILES, and the normal GEMM on B for the tiles in
   NORMAL_MULTICAST_B_TILES and on A for those in NORMAL_MULTICAST_A_TILES
-  from K = NORMAL_MULTICAST_A_MIN_K (7168) (see their comments).
+  from K = NORMAL_MULTICAST_A_MIN_K (1536) (see their comments).
 - The DRAM roof (unique bytes / HBM bandwidth) is the same for every
   candidate of a shape and so is left out of the ranking.
 
@@ -247,7 +247,7 @@ MULTICAST_TILES = ((128, 192), (256, 128))
 #: benchmark shapes, 4096x2112x7168 and 8192x2112x7168.  Other normal
 #: shapes where 128x176 wins the ranking (e.g. 4096x2112x2048,
 #: 8192x1056x7168) get the multicast unmeasured.  The 256x128 picks keep no
-#: B multicast; from K = 7168 they take A's (NORMAL_MULTICAST_A_MIN_K, below).
+#: B multicast; from K = 1536 they take A's (NORMAL_MULTICAST_A_MIN_K, below).
 NORMAL_MULTICAST_B_TILES = ((128, 176),)
 #: The normal GEMM's A multicast (the cluster's two CTAs take two n-blocks of
 #: one m-block and share A's loads) for a 256x128 pick with K at least
@@ -263,13 +263,28 @@ NORMAL_MULTICAST_B_TILES = ((128, 176),)
 #: and +0.2 % at 4096x4096x7168 and 2048x7168x7168 (noise), 1.0-2.1 % at 4096x7168x7168,
 #: 8192x4096x7168 and 4096x24576x7168 (CUPTI), 0.9 % and 1.2 % faster in
 #: 1 s sustained loops at 4096x4096x7168 and 8192x4096x7168 (v0.27 had
-#: -0.5 % at 4096x4096x7168 in CUPTI): so from K = 7168.  Below, within
-#: noise (+0.6 % at 4096x7168x4096 in the v0.28 sweep): no multicast.  Among
-#: the benchmark shapes it moves 4096x7168x16384 and 4096x4096x7168; other
-#: 256x128 picks at K >= 7168 (e.g. 1024x24576x8192, 2048x4096x16384) get
-#: it unmeasured.
+#: -0.5 % at 4096x4096x7168 in CUPTI): so from K = 7168.  v0.33 and v0.34
+#: went below on the sustained loops the issue judges by: v0.33
+#: (benches/experiments/v0.33/energy_c2a.log, four alternating rounds of
+#: 1 s) 2.1 % and 2.0 % less energy per GEMM at 4096x24576x1536 and
+#: 4096x7168x2048 at a 30-60 MHz higher clock (L2 read sectors -27 %);
+#: v0.34 (benches/experiments/v0.34/energy_*.log, three rounds) sustained
+#: time -1.0 % at 4096x24576x1536, -0.3 % at 4096x7168x2048, -2.0 % at
+#: 8192x7168x2048, -0.9 % at 2048x24576x1536 and 1024x24576x1536, +0.3 %
+#: at 4096x7168x1536 (the energy readings of one kernel moved 3-4 % between
+#: its two entries of the same run there, so they decide nothing at 2 %).
+#: CUPTI (cold L2; benches/experiments/sweep_v0.34_mc_a.json): -0.5 % to
+#: -1.3 % at the K = 1536-4096 benchmark shapes and 8192x7168x2048, a tie
+#: at 2048x24576x1536, +0.8 % at 4096x7168x1536 and +1.4 % at
+#: 1024x24576x1536.  At K = 512 (4096x32768x512) it stays off: 3 % slower
+#: in CUPTI (v0.33: 132.9 against 128.5 us), 7 % more cycles in Nsight
+#: Compute, 6 % more energy sustained in v0.33 (-0.7 % sustained time in
+#: v0.34: within the noise).  So from K = 1536.  Among the benchmark shapes
+#: it moves 4096x7168x16384, 4096x4096x7168, 4096x24576x1536 and
+#: 4096x7168x2048; other 256x128 picks at K >= 1536 (e.g. 1024x24576x8192,
+#: 2048x4096x16384) get it unmeasured.
 NORMAL_MULTICAST_A_TILES = ((256, 128),)
-NORMAL_MULTICAST_A_MIN_K = 7168
+NORMAL_MULTICAST_A_MIN_K = 1536
 # Split K across a cluster of 2 (num_k_splits = 2): one wave only, BLOCK_M
 # 64 or 128, BLOCK_N <= 32 among the cost model's candidates (wider only as
 # the two twins below), an even number of K blocks; C_SPLIT cycles per

@@ -269,16 +269,16 @@ NORMAL_MULTICAST_B_TILES = ((128, 176),)
 #: 1 s) 2.1 % and 2.0 % less energy per GEMM at 4096x24576x1536 and
 #: 4096x7168x2048 at a 30-60 MHz higher clock (L2 read sectors -27 %);
 #: v0.34 (benches/experiments/v0.34/energy_*.log, three rounds) sustained
-#: time -1.0 % at 4096x24576x1536, -0.3 % at 4096x7168x2048, -2.0 % at
-#: 8192x7168x2048, -0.9 % at 2048x24576x1536 and 1024x24576x1536, +0.3 %
-#: at 4096x7168x1536 (the energy readings of one kernel moved 3-4 % between
+#: time -1.0 % at 4096x24576x1536, -0.4 % at 4096x7168x2048, -2.2 % at
+#: 8192x7168x2048, -1.0 % at 2048x24576x1536, -0.6 % at 1024x24576x1536,
+#: +0.3 % at 4096x7168x1536 (the energy readings of one kernel moved 3-4 % between
 #: its two entries of the same run there, so they decide nothing at 2 %).
-#: CUPTI (cold L2; benches/experiments/sweep_v0.34_mc_a.json): -0.5 % to
-#: -1.3 % at the K = 1536-4096 benchmark shapes and 8192x7168x2048, a tie
-#: at 2048x24576x1536, +0.8 % at 4096x7168x1536 and +1.4 % at
+#: CUPTI (cold L2; benches/experiments/sweep_v0.34_mc_a.json): -0.2 % to
+#: -1.3 % at 4096x24576x1536, 4096x7168x2048, 4096x7168x4096 and
+#: 8192x7168x2048, a tie at 2048x24576x1536, +0.8 % at 4096x7168x1536 and +1.4 % at
 #: 1024x24576x1536.  At K = 512 (4096x32768x512) it stays off: 3 % slower
 #: in CUPTI (v0.33: 132.9 against 128.5 us), 7 % more cycles in Nsight
-#: Compute, 6 % more energy sustained in v0.33 (-0.7 % sustained time in
+#: Compute, 6 % more energy sustained in v0.33 (-0.8 % sustained time in
 #: v0.34: within the noise).  So from K = 1536.  Among the benchmark shapes
 #: it moves 4096x7168x16384, 4096x4096x7168, 4096x24576x1536 and
 #: 4096x7168x2048; other 256x128 picks at K >= 1536 (e.g. 1024x24576x8192,

@@ -436,7 +436,7 @@ def test_normal_256x128_takes_a_multicast_from_k_1536(m, n, k, want):
     # at K = 7168 (0.9-1.2 % sustained); v0.33 (v0.33/energy_c2a.log,
     # split_a.log): 2 % less energy sustained at K = 1536 and 2048, a tie in
     # CUPTI, and 3 % slower / 6 % more energy at K = 512; v0.34
-    # (sweep_v0.34_mc_a.json, v0.34/energy_*.log): 0.3-2.0 % faster sustained
+    # (sweep_v0.34_mc_a.json, v0.34/energy_*.log): 0.4-2.2 % faster sustained
     # on 5 of 6 shapes at K = 1536-2048; ranked by the
     # unicast score.
     cfg = select_config("normal", m, n, k)

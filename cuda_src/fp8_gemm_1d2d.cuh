@@ -240,6 +240,9 @@ struct GemmTraits {
   static_assert(kSwizzleDBytes == 0 || kSwizzleDBytes == 32 || kSwizzleDBytes == 64 || kSwizzleDBytes == 128,
                 "D swizzle is 0, 32, 64 or 128 bytes");
   static_assert(BLOCK_N % kDCols == 0, "the D swizzle width must divide BLOCK_N");
+  // The swizzled epilogue's stmatrix addresses (the kernel's epilogue) pair
+  // 8-column groups i, i + 1 inside one box row: an even number of groups.
+  static_assert(kSwizzleDBytes == 0 || (BLOCK_N / 8) % 2 == 0, "a swizzled D staging buffer needs BLOCK_N % 16 == 0");
   static_assert(kNumMulticast == 1 || kNumMulticast == 2, "clusters of 1 or 2 CTAs");
   static_assert(kNumKSplits == 1 || kNumKSplits == 2 || kNumKSplits == 4, "K is split across 1, 2 or 4 CTAs");
   static_assert(kNumKSplits == 1 || kNumMulticast == 1, "a cluster either multicasts or splits K");
@@ -972,14 +975,16 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
       // swizzle (CUTLASS's Swizzle<3,4,3> family: bits 7-9 of the offset
       // into bits 4-6) depends only on the row and lands inside the column's
       // byte offset (< kDRowBytes), and everything else is a multiple of
-      // kDRowBytes.  So a lane's address is one per-lane register (its row,
-      // the row's XOR and, for the .x4 stores, its 8-column half lane / 16)
-      // XORed with a per-group constant (kDRowBytes / 32 distinct values
-      // over the even groups) plus an immediate (the slab and the box).
+      // kDRowBytes.  So a lane's address is one per-lane register (the
+      // staging buffer, this warpgroup's slab, the lane's row and the row's
+      // XOR; a 128-byte-aligned base is all this needs, and the buffer is
+      // 1024-aligned) XORed with the lane's 8-column half (lane / 16, .x4
+      // stores) and a per-group constant (kDRowBytes / 32 distinct values
+      // over the even groups), plus an immediate (the wave's slab and the box).
       // Measured on the H200 (benches/RESULTS.md v0.34): bit-identical
       // outputs, 59 fewer instructions a tile and math warp at 256x128
       // (-5.6 % of the kernel's at 4096x32768x512, -2.1 % at K = 1536),
-      // 0.3-1.0 % faster in sustained loops.
+      // 0.2-1.5 % faster in sustained loops.
       const uint32_t r = warp * 16 + ((lane / 8) & 1u) * 8 + lane % 8;   // the row this lane addresses
       const uint32_t slab0 = smem_addr(smem) + warpgroup * 64 * BLOCK_N * 2;   // 1024-byte aligned
       constexpr uint32_t kGroupsPerRow = T::kDRowBytes / 16;                  // 8-column groups per box row

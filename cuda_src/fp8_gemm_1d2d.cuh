@@ -240,9 +240,9 @@ struct GemmTraits {
   static_assert(kSwizzleDBytes == 0 || kSwizzleDBytes == 32 || kSwizzleDBytes == 64 || kSwizzleDBytes == 128,
                 "D swizzle is 0, 32, 64 or 128 bytes");
   static_assert(BLOCK_N % kDCols == 0, "the D swizzle width must divide BLOCK_N");
-  // The swizzled epilogue's stmatrix addresses (the kernel's epilogue) pair
-  // 8-column groups i, i + 1 inside one box row: an even number of groups.
-  static_assert(kSwizzleDBytes == 0 || (BLOCK_N / 8) % 2 == 0, "a swizzled D staging buffer needs BLOCK_N % 16 == 0");
+  // The epilogue's swizzled stmatrix addresses pair 8-column groups i, i + 1
+  // inside one box row: an even number of groups.
+  static_assert(kSwizzleDBytes == 0 || BLOCK_N % 16 == 0, "a swizzled D staging buffer needs BLOCK_N % 16 == 0");
   static_assert(kNumMulticast == 1 || kNumMulticast == 2, "clusters of 1 or 2 CTAs");
   static_assert(kNumKSplits == 1 || kNumKSplits == 2 || kNumKSplits == 4, "K is split across 1, 2 or 4 CTAs");
   static_assert(kNumKSplits == 1 || kNumMulticast == 1, "a cluster either multicasts or splits K");
@@ -966,7 +966,7 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
       // row lane / 4), so one .x4 stores the blocks (h, i), (h + 1, i),
       // (h, i + 1), (h + 1, i + 1) of 8-column groups i and i + 1, lane l
       // giving the 16-byte row address of block l / 8: 4x fewer store
-      // instructions than 4-byte stores, one swizzled address each.
+      // instructions than 4-byte stores.
       //
       // Addresses: the byte offset of 8-column group g's row r in a slab is
       // (col / kDCols) * 64 * kDRowBytes + r * kDRowBytes + ((col % kDCols) * 2

@@ -437,8 +437,7 @@ def test_normal_256x128_takes_a_multicast_from_k_1536(m, n, k, want):
     # split_a.log): 2 % less energy sustained at K = 1536 and 2048, a tie in
     # CUPTI, and 3 % slower / 6 % more energy at K = 512; v0.34
     # (sweep_v0.34_mc_a.json, v0.34/energy_*.log): 0.4-2.2 % faster sustained
-    # on 5 of 6 shapes at K = 1536-2048; ranked by the
-    # unicast score.
+    # on 5 of 6 shapes at K = 1536-2048; ranked by the unicast score.
     cfg = select_config("normal", m, n, k)
     assert (cfg.block_m, cfg.block_n) == (256, 128), str(cfg)
     assert (cfg.num_multicast == 2 and cfg.multicast_on_a) == want, str(cfg)
@@ -563,7 +562,7 @@ _RESULTS = Path(__file__).resolve().parents[1] / "benches" / "experiments"
 #: without A multicast over K = 4096-16384, and 128x176 at K = 16384, CUPTI:
 #: variant_sweep.py --sweep-json, sweep_v0.28_mc_a.json); v0.34 (256x128 with
 #: and without A multicast at K = 1536-7168, M = 1024-8192, CUPTI:
-#: variant_sweep.py benches/experiments/v0.34/plan_mc_a_k1536.json
+#: variant_sweep.py benches/experiments/v0.33/plan_mc_a_k1536.json
 #: --sweep-json, sweep_v0.34_mc_a.json).
 #: Each shape is judged by the newest sweep that has it.
 SWEEP_PATHS = (_RESULTS / "sweep_v0.3.json", _RESULTS / "sweep_v0.5_splitk.json",

@@ -462,22 +462,26 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
       // kQuantA: A comes from the converter warps; the full barrier counts B's bytes.
       const uint32_t tx_bytes = T::kQuantA ? Smem::kB : T::tx_bytes(a_box_rows);
       // Issue B's loads for one K block into `stage` (multicast rules as
-      // below).  B's L2 policy: evict-first with kFlagBEvictFirst, else
-      // evict-normal (the default of a load without a hint); a select at
-      // each load, not a branch in the K loop, and made there: a 64-bit
-      // policy held across the unrolled loop spilled on the producer's 40
-      // registers.
+      // below).  With kFlagBEvictFirst B's loads carry an L2 evict-first
+      // hint, else no hint at all (ptx/tma.cuh, tma_load_3d_hint_if: a
+      // hinted load, even evict-normal, is never merged by the L2 request
+      // coalescer); one predicated load of each form, not a branch in the
+      // K loop, with the policy made at each load: a 64-bit policy held
+      // across the unrolled loop spilled on the producer's 40 registers.
       const bool b_evict_first = (flags & kFlagBEvictFirst) != 0;
       // `b_shared`: the cluster's two tiles read the same B box (always with
       // B multicast, except on the contiguous layout: kPairedB).
       auto load_b = [&](uint64_t* bar, uint32_t stage_b, uint32_t kb, int32_t b_row, int32_t b_group,
                         bool b_shared) {
         const int32_t k = static_cast<int32_t>(kb * 128);
-        const uint64_t b_policy = b_evict_first ? l2_policy_evict_first() : l2_policy_evict_normal();
+        const uint64_t b_policy = l2_policy_evict_first();
         if (kNumMulticast == 2 && !kMulticastOnA && b_shared) {
-          if (rank == 0) tma_load_3d_multicast_hint(smem_b(stage_b), &tmap_b, bar, 0b11, b_policy, k, b_row, b_group);
+          if (rank == 0) {
+            tma_load_3d_multicast_hint_if(smem_b(stage_b), &tmap_b, bar, 0b11, b_evict_first, b_policy, k, b_row,
+                                          b_group);
+          }
         } else {
-          tma_load_3d_hint(smem_b(stage_b), &tmap_b, bar, b_policy, k, b_row, b_group);
+          tma_load_3d_hint_if(smem_b(stage_b), &tmap_b, bar, b_evict_first, b_policy, k, b_row, b_group);
         }
       };
       while (scheduler.next(tile)) {

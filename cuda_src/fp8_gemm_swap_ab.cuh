@@ -204,8 +204,7 @@ fp8_gemm_swap_ab_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, c
             tma_load_3d(smem_a(stage), &tmap_a, bar, k, a_row, 0);
             tma_load_3d(smem_sfa(stage), &tmap_sfa, bar, a_row, static_cast<int32_t>(kb), 0);
           }
-          const uint64_t policy = b_evict_first ? l2_policy_evict_first() : l2_policy_evict_normal();
-          tma_load_3d_hint(smem_b(stage), &tmap_b, bar, policy, k, b_row, 0);
+          tma_load_3d_hint_if(smem_b(stage), &tmap_b, bar, b_evict_first, l2_policy_evict_first(), k, b_row, 0);
           pipe.advance();
         }
       }

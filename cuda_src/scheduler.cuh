@@ -36,8 +36,14 @@
 // multicast) and 1.9 % on the normal 4096x2112x7168; 256x128 tiles were
 // 1.0 % faster to 5.4 % slower (4096x32768x512), so they keep the N bands.
 // (DeepGEMM groups along M without multicast on A, along N with it, 8 or 16
-// blocks by a footprint rule; bands of 16 or 8 n-blocks with A multicast
-// measured within +-1 % of these.)
+// blocks by a footprint rule.)  With A multicast a band is 16 n-blocks, 8
+// cluster columns, as DeepGEMM's at 256x128 (v0.35; v0.27 measured 16 cluster
+// columns within +-1 % of it while B's loads carried an L2 hint): with
+// unhinted B loads the narrower band lets the L2 request coalescer merge more
+// of the B reads of the clusters that share an n-block (ptx/tma.cuh,
+// tma_load_3d_hint_if) and reads DeepGEMM's DRAM bytes (4096x4096x7168:
+// 152.8 -> 128.3 MB; 0.5-1.0 % faster at K >= 7168 in CUPTI and sustained
+// loops, a tie at K = 1536-2048; benches/RESULTS.md v0.35).
 #pragma once
 #include "common.cuh"
 
@@ -52,7 +58,8 @@ struct TileScheduler {
   static constexpr uint32_t kPairN = (kNumMulticast == 2 && kMulticastOnA) ? 2 : 1;
   static constexpr uint32_t kPairM = (kNumMulticast == 2 && !kMulticastOnA) ? 2 : 1;
   static constexpr uint32_t kNumClusterN = ceil_div(kNumNBlocks, kPairN);
-  static constexpr uint32_t kBandN = 16;
+  // Bands of 16 n-blocks: with A multicast (kPairN == 2) 8 cluster columns.
+  static constexpr uint32_t kBandN = 16 / kPairN;
   static constexpr uint32_t kBandM = 8;
   static constexpr uint32_t kMPasses = (kGemmType == kGroupedContiguous && BLOCK_M == 256) ? 2 : 1;
   static_assert(kGemmType != kGroupedMasked || kPairM == 1, "masked GEMMs multicast A only");

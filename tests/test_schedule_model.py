@@ -25,7 +25,7 @@ from hypothesis import example, given, settings, strategies as st
 
 from cugemm8 import _config
 
-BAND_N = 16          # scheduler.cuh kBandN
+BAND_N = 16          # scheduler.cuh kBandN, in n-blocks (16 / kPairN cluster columns)
 BAND_M = 8           # scheduler.cuh kBandM (kRasterM: the 1D2D kernel's tiles with BLOCK_N > BLOCK_M)
 
 
@@ -75,7 +75,7 @@ def schedule(kind, m, n, bm, bn, grid, mc=1, on_a=False, splits=1):
             if bn > bm:          # kRasterM: bands of cluster-rows, M fastest
                 mcl, ncl = _banded(ct, BAND_M, cluster_m, cluster_n)
             else:
-                ncl, mcl = _banded(ct, BAND_N, cluster_n, cluster_m)
+                ncl, mcl = _banded(ct, BAND_N // pair_n, cluster_n, cluster_m)
             mb = mcl * pair_m + (rank if pair_m == 2 else 0)
             nb = ncl * pair_n + (rank if pair_n == 2 else 0)
             yield cta, mb, nb, p, (mb >= num_m or nb >= num_n)

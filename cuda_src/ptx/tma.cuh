@@ -44,13 +44,6 @@ __device__ __forceinline__ uint64_t l2_policy_evict_first() {
   return policy;
 }
 
-// The default policy, as an explicit one: lines filled with evict-normal priority.
-__device__ __forceinline__ uint64_t l2_policy_evict_normal() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-
 // tma_load_3d with an L2 cache hint (`policy` from createpolicy).
 __device__ __forceinline__ void tma_load_3d_hint(void* dst, const TmaDescriptor* desc, uint64_t* bar,
                                                  uint64_t policy, int32_t c0, int32_t c1, int32_t c2) {
@@ -61,15 +54,43 @@ __device__ __forceinline__ void tma_load_3d_hint(void* dst, const TmaDescriptor*
         "r"(c0), "r"(c1), "r"(c2), "l"(policy) : "memory");
 }
 
-// tma_load_3d_multicast with an L2 cache hint.
-__device__ __forceinline__ void tma_load_3d_multicast_hint(void* dst, const TmaDescriptor* desc, uint64_t* bar,
-                                                           uint16_t cta_mask, uint64_t policy,
-                                                           int32_t c0, int32_t c1, int32_t c2) {
+// tma_load_3d, carrying the L2 cache hint `policy` (from createpolicy) only
+// when `hint` is set: one predicated instruction of each form, no branch.
+// A load with a hint, even an evict-normal one, is left out of the L2
+// request coalescer's merging of the same lines read by several SMs at about
+// the same time (the LRC; Nsight Compute's
+// lrc__request_sectors_op_read_coalescing_achieved_type_hardware).  Measured
+// on the H200 at 4096x4096x7168, 256x128 with A multicast (benches/RESULTS.md
+// v0.35): with an evict-normal hint on every B load 560 request sectors were
+// merged and L2 served 35.6 M read sectors; without it 1.4 M and 34.3 M
+// (with bands of 8 cluster columns, scheduler.cuh: 2.1 M and 32.6 M;
+// DeepGEMM, whose B loads carry no hint: 3.4 M and 31.3 M).
+__device__ __forceinline__ void tma_load_3d_hint_if(void* dst, const TmaDescriptor* desc, uint64_t* bar,
+                                                    bool hint, uint64_t policy, int32_t c0, int32_t c1,
+                                                    int32_t c2) {
   asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-      ".L2::cache_hint [%0], [%1, {%4, %5, %6}], [%2], %3, %7;"
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %7, 0;\n"
+      "@p cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4, %5}], [%2], %6;\n"
+      "@!p cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];\n}"
       ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(desc)), "r"(smem_addr(bar)),
-        "h"(cta_mask), "r"(c0), "r"(c1), "r"(c2), "l"(policy) : "memory");
+        "r"(c0), "r"(c1), "r"(c2), "l"(policy), "r"(static_cast<uint32_t>(hint)) : "memory");
+}
+
+// tma_load_3d_multicast, with the L2 hint only when `hint` (as above).
+__device__ __forceinline__ void tma_load_3d_multicast_hint_if(void* dst, const TmaDescriptor* desc,
+                                                              uint64_t* bar, uint16_t cta_mask, bool hint,
+                                                              uint64_t policy, int32_t c0, int32_t c1,
+                                                              int32_t c2) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %8, 0;\n"
+      "@p cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      ".L2::cache_hint [%0], [%1, {%4, %5, %6}], [%2], %3, %7;\n"
+      "@!p cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%4, %5, %6}], [%2], %3;\n}"
+      ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(desc)), "r"(smem_addr(bar)),
+        "h"(cta_mask), "r"(c0), "r"(c1), "r"(c2), "l"(policy), "r"(static_cast<uint32_t>(hint)) : "memory");
 }
 
 // 3-D tile store from shared memory; out-of-bounds parts of the box are

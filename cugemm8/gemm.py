@@ -516,7 +516,10 @@ FLAG_A_POW2_SCALE = 4
 FLAG_B_BEFORE_WAIT = 8
 #: the evict-first rule's limits (see b_evict_first); probe switches
 B_EVICT_FIRST_MAX_M_BLOCKS = 4
+B_EVICT_FIRST_MAX_ROWS = 512
 B_EVICT_FIRST_MIN_K = 0
+#: the least K with the hint for 256-row blocks
+B_EVICT_FIRST_MIN_K_BLOCK_M_256 = 1536
 
 
 def b_evict_first(rows: int, block_m: int, k: int) -> bool:
@@ -535,8 +538,22 @@ def b_evict_first(rows: int, block_m: int, k: int) -> bool:
     with it, hence a :data:`B_EVICT_FIRST_MIN_K` of 1536 until v0.16, whose
     kernel runs 32768x512 2-5 % faster with the hint at M = 1, 64 and 128
     (benches/RESULTS.md v0.16), so the limit is now 0.
+
+    And at most :data:`B_EVICT_FIRST_MAX_ROWS` rows, and with 256-row blocks
+    only from K = :data:`B_EVICT_FIRST_MIN_K_BLOCK_M_256` (v0.35): a hinted
+    load is never merged by the L2 request coalescer (``cuda_src/ptx/tma.cuh``,
+    ``tma_load_3d_hint_if``), so where several CTAs read each B tile at about
+    the same time the hint can cost more than it saves.  Measured on the H200
+    (``python tools/perf/hint_ab.py --ms 256,384,512,640,768,1024``, CUPTI,
+    time with the hint over time without; benches/RESULTS.md v0.35): 256-row
+    blocks at K = 512 1.015 (256x32768x512), 1.093 (512 rows), 1.168 (768),
+    1.164 (1024); at 768-1024 rows and K = 1536 1.013-1.048; at K >= 2048
+    0.98-1.004.  With 128- and 64-row blocks and up to 512 rows the hint stays
+    faster or ties (0.90-1.00: 384x32768x512 0.979, 256x4096x7168 0.904).
     """
-    return k >= B_EVICT_FIRST_MIN_K and -(-rows // block_m) <= B_EVICT_FIRST_MAX_M_BLOCKS
+    if -(-rows // block_m) > B_EVICT_FIRST_MAX_M_BLOCKS or rows > B_EVICT_FIRST_MAX_ROWS:
+        return False
+    return k >= (B_EVICT_FIRST_MIN_K_BLOCK_M_256 if block_m == 256 else B_EVICT_FIRST_MIN_K)
 
 
 def a_box_rows(rows: int, block_m: int) -> int:

@@ -903,11 +903,16 @@ def test_split_k_skew_rule(bm, wgs, k, skew):
     (1, 64, 7168, True), (64, 64, 7168, True), (128, 64, 7168, True), (256, 64, 7168, True),
     (257, 64, 7168, False), (512, 128, 2048, True), (4096, 128, 7168, False),
     (1, 64, 1536, True), (1, 64, 512, True), (64, 64, 512, True), (0, 64, 7168, True),
-    (320, 64, 512, False)])
+    (320, 64, 512, False), (512, 256, 7168, True), (512, 256, 2048, True), (512, 256, 1536, True),
+    (512, 256, 512, False), (256, 256, 512, False), (384, 128, 512, True), (640, 256, 7168, False),
+    (768, 256, 2048, False), (1024, 256, 1536, False)])
 def test_b_evict_first_rule(rows, block_m, k, want):
-    """B's L2 evict-first hint: decode-sized M (at most 4 m-blocks), any K
-    (benches/RESULTS.md v0.16: 2-5 % faster at K = 512 on the v0.16 kernel;
-    v0.10's kernel was slower there)."""
+    """B's L2 evict-first hint: decode-sized M (at most 4 m-blocks and 512
+    rows), any K with blocks of 128 rows or fewer (benches/RESULTS.md v0.16:
+    2-5 % faster at K = 512 on the v0.16 kernel; v0.10's kernel was slower
+    there), K >= 1536 with 256-row blocks (v0.35, tools/perf/hint_ab.py: the
+    hint keeps the L2 request coalescer from merging the blocks' B reads, up
+    to 16.8 % slower at K = 512 and 768-1024 rows, 9.3 % at 512 rows)."""
     from cugemm8 import gemm as G
     assert G.b_evict_first(rows, block_m, k) is want
 

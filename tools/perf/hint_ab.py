@@ -4,10 +4,12 @@
 
 For each M and DeepSeek-V3 (N, K) pair, the heuristic's configuration is
 launched with ``kFlagBEvictFirst`` forced off and forced on
-(``cugemm8.gemm.B_EVICT_FIRST_MAX_M_BLOCKS`` set to 0 / a large number and
-``B_EVICT_FIRST_MIN_K`` to 0 while the launcher is built), each output checked against the float64 reference,
-then both timed in interleaved passes (CUPTI kernel durations, 256 MB L2
-flush before each repetition).  Prints on / off per shape and the number of
+(``cugemm8.gemm.B_EVICT_FIRST_MAX_M_BLOCKS`` and ``B_EVICT_FIRST_MAX_ROWS``
+set to 0 / a large number, ``B_EVICT_FIRST_MIN_K`` and
+``B_EVICT_FIRST_MIN_K_BLOCK_M_256`` to 0 while the launcher is built), each
+output checked against the float64 reference, then both timed in
+interleaved passes (CUPTI kernel durations, 256 MB L2 flush before each
+repetition).  Prints on / off per shape and the number of
 BLOCK_M-row m-blocks, which the rule in ``gemm.b_evict_first`` keys on.
 """
 from __future__ import annotations
@@ -40,7 +42,9 @@ def main() -> int:
     args = ap.parse_args()
     flush = common.L2Flush()
     rows = []
-    saved = G.B_EVICT_FIRST_MAX_M_BLOCKS, G.B_EVICT_FIRST_MIN_K
+    names = ("B_EVICT_FIRST_MAX_M_BLOCKS", "B_EVICT_FIRST_MAX_ROWS", "B_EVICT_FIRST_MIN_K",
+             "B_EVICT_FIRST_MIN_K_BLOCK_M_256")
+    saved = [getattr(G, x) for x in names]
     for n, k in DEEPSEEK_NK[:6]:
         for m in (int(x) for x in args.ms.split(",")):
             shape = Shape("normal", m, n, k)
@@ -50,7 +54,8 @@ def main() -> int:
             cfg = cugemm8.get_gemm_config("normal", m, n, k)
             launchers, status = {}, {}
             for name, limit in (("off", 0), ("on", 1 << 30)):
-                G.B_EVICT_FIRST_MAX_M_BLOCKS, G.B_EVICT_FIRST_MIN_K = limit, 0
+                for x, v in zip(names, (limit, limit, 0, 0)):
+                    setattr(G, x, v)
                 out = poisoned_out(shape, ops, cp)
                 launchers[name] = G._prepare_launch(cfg, "normal", n, k, 1, m, m, ops["a"], sfa, ops["b"],
                                                     ops["sfb"], out, None, 1)
@@ -58,7 +63,8 @@ def main() -> int:
                 cp.cuda.runtime.deviceSynchronize()
                 d = calc_diff(bf16_to_f64(out, cp), ref, cp)
                 status[name] = "ok" if d < 1e-3 else f"FAIL {d:.1e}"
-            G.B_EVICT_FIRST_MAX_M_BLOCKS, G.B_EVICT_FIRST_MIN_K = saved
+            for x, v in zip(names, saved):
+                setattr(G, x, v)
             times = {name: [] for name in launchers}
             for _ in range(args.passes):
                 for name, fn in launchers.items():

@@ -149,6 +149,27 @@ def test_sass_uses_fp8_wgmma(report, sass_tools):
         assert not ftz, f"{name}: flush-to-zero arithmetic {sorted(set(ftz))}"
 
 
+def _unpredicated_hinted_loads(ptx: str) -> list:
+    """The TMA loads of a PTX listing that carry an L2 cache hint without a
+    guard predicate."""
+    return [ln.strip() for ln in ptx.splitlines()
+            if "cp.async.bulk.tensor" in ln and ".L2::cache_hint" in ln and not ln.strip().startswith("@")]
+
+
+def test_l2_hints_only_under_the_evict_first_predicate(report, swap_ab_report):
+    """Every TMA load with an L2 cache hint is predicated (on kFlagBEvictFirst:
+    ptx/tma.cuh, tma_load_3d_hint_if), with an unhinted twin under the
+    opposite predicate: a hinted load, even evict-normal, is never merged by
+    the L2 request coalescer, which cost the prefill GEMMs 4 % of their L2
+    reads (benches/RESULTS.md v0.35)."""
+    for rep in (report, swap_ab_report):
+        assert rep.ptx.count(".L2::cache_hint") > 0
+        assert not _unpredicated_hinted_loads(rep.ptx)
+        hinted = sum(1 for ln in rep.ptx.splitlines() if ln.strip().startswith("@p cp.async.bulk.tensor"))
+        unhinted = sum(1 for ln in rep.ptx.splitlines() if ln.strip().startswith("@!p cp.async.bulk.tensor"))
+        assert hinted == unhinted > 0
+
+
 # fp8_gemm_1d2d_kernel<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, stages, multicast,
 # multicast on A, D swizzle, GEMM type, groups, K splits, math warpgroups, A input>
 def wgmma_waits(sass: str, name_re: "re.Pattern"):

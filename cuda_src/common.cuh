@@ -88,7 +88,8 @@ __device__ __forceinline__ void warp_copy_f32(float* dst, const float* __restric
 // (gemm.py b_evict_first: decode-sized M), so B's lines, read
 // once, replace one another in L2 instead of what else L2 holds; with the
 // benches' L2 flush that is dirty data, whose write-back plain loads pay
-// for (benches/RESULTS.md v0.10: the decode GEMMs 1-11 % faster).
+// for (benches/RESULTS.md v0.10: the decode GEMMs 1-11 % faster).  Without
+// the flag B's loads carry no hint at all (ptx/tma.cuh, tma_load_3d_hint_if).
 constexpr uint32_t kFlagBEvictFirst = 2u;
 // kFlagAPow2Scale: with A quantised in the kernel (quant_a.cuh), round each activation scale up to a
 // power of two (per_token_cast_to_fp8's pow2_scale).

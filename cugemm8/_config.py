@@ -233,6 +233,24 @@ MULTICAST_KINDS = ("contiguous",)
 #: other tiles' multicast was -2..+8 % in the v0.3 sweep and has not been
 #: re-measured on the current kernel.  None: every tile (sweeps).
 MULTICAST_TILES = ((128, 192), (256, 128))
+#: The contiguous layout's 128x192 picks share B instead of A (the cluster's
+#: two CTAs take two 128-row m-blocks of one n-block; they share B's loads
+#: when both blocks have one expert, else each loads its own: kPairedB in
+#: fp8_gemm_1d2d.cuh) when the experts average at least
+#: CONTIGUOUS_MULTICAST_B_MIN_EXPERT_ROWS rows (m_sum / num_groups) and K is
+#: at most CONTIGUOUS_MULTICAST_B_MAX_K.  The ranking keeps A's score; only
+#: the side changes.  Measured on the H200 (benches/RESULTS.md v0.35,
+#: benches/experiments/sweep_v0.35_contig_mc.json; CUPTI, 128x192 s4 c2B
+#: against c2A): 4x8192x7168x2048 -0.8 %, 8x4096x7168x2048 -1.3 to -1.6 %,
+#: 4x8192x24576x1536 -2.6 %, 4x8192x32768x512 -4.4 %, 128x256x7168x2048
+#: -2.4 %, 8x384x7168x2048 -3.3 %, 32x1024x7168x2048 -1.0 %,
+#: 64x512x24576x1536 -0.7 %, 32x1024x4096x7168 -0.2 %; with 128-row experts,
+#: whose pairs never share B, +5.2 % (256x128x7168x2048) and +9.5 %
+#: (72x128x4096x7168); at K = 16384 (16x2048x7168x16384) CUPTI +3.1 % and CUDA
+#: events -0.9 %: not decided, so A there.
+CONTIGUOUS_MULTICAST_B_TILES = ((128, 192),)
+CONTIGUOUS_MULTICAST_B_MIN_EXPERT_ROWS = 256
+CONTIGUOUS_MULTICAST_B_MAX_K = 7168
 #: The normal GEMM's B multicast, for these (BLOCK_M, BLOCK_N) tiles only (the
 #: cluster's two CTAs take two m-blocks of one n-block and share B's loads):
 #: measured on the H200 (benches/RESULTS.md v0.23, CUPTI after the benches'
@@ -1305,6 +1323,10 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit, warp_mma=True):
             # NORMAL_MULTICAST_A_TILES: the same upgrade with A multicast at long K.
             upgrade_a = (kind == "normal" and (bm, bn) in NORMAL_MULTICAST_A_TILES and num_sms >= 2
                          and k >= NORMAL_MULTICAST_A_MIN_K and rows_of_work >= MULTICAST_MIN_ROWS)
+            # CONTIGUOUS_MULTICAST_B_TILES: A's multicast option, run with B's.
+            contiguous_b = (kind == "contiguous" and (bm, bn) in CONTIGUOUS_MULTICAST_B_TILES
+                            and k <= CONTIGUOUS_MULTICAST_B_MAX_K
+                            and m_eff >= CONTIGUOUS_MULTICAST_B_MIN_EXPERT_ROWS * max(num_groups, 1))
             if (SPLIT_K_ENABLED and bm in SPLIT_K_BLOCK_MS and bn <= SPLIT_K_MAX_BLOCK_N
                     and num_sms >= 2
                     and _ceil_div(k, BLOCK_K) % 2 == 0
@@ -1331,6 +1353,11 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit, warp_mma=True):
                     grid_mc = min(num_sms - num_sms % 2, executed_mc)
                     if _ceil_div(executed_mc, grid_mc) > 1:
                         mc, on_a, grid = 2, upgrade_a, grid_mc
+                if contiguous_b and mc == 2 and on_a:
+                    executed_b = _executed_tiles(groups, mb, nb, 2, False)
+                    grid_b = min(num_sms - num_sms % 2, executed_b)
+                    if _ceil_div(executed_b, grid_b) > 1:
+                        on_a, grid = False, grid_b
                 cfg = make_config(kind, bm, bn, st, k, num_multicast=mc,
                                   multicast_on_a=on_a, num_k_splits=splits, num_sms=grid,
                                   num_math_warpgroups=wgs)

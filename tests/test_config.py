@@ -73,7 +73,12 @@ def check_choice(cfg: GemmConfig, kind, g, m, n, k, num_sms=132, smem_limit=SMEM
         assert cfg.multicast_on_a is False
     else:
         assert cfg.num_sms % 2 == 0
-        assert cfg.multicast_on_a or kind == "normal"
+        # B multicast: normal GEMMs, and contiguous 128x192 picks with experts
+        # of 256 rows or more on average (CONTIGUOUS_MULTICAST_B_*)
+        assert cfg.multicast_on_a or kind == "normal" or (
+            kind == "contiguous" and (bm, bn) in cfgmod.CONTIGUOUS_MULTICAST_B_TILES
+            and k <= cfgmod.CONTIGUOUS_MULTICAST_B_MAX_K
+            and max(m, 1) >= cfgmod.CONTIGUOUS_MULTICAST_B_MIN_EXPERT_ROWS * g)
     if splits == 2:
         # split K across a cluster of 2: one wave of CTA pairs, narrow tiles
         # (up to 96 for the one-warpgroup twin of a 128-row pick, 64 for the
@@ -464,26 +469,34 @@ def test_contiguous_two_pass_256x128_only_at_long_k(kind, g, m, n, k):
 
 
 def test_contiguous_multicast_only_on_measured_tiles():
-    # A multicast was measured (v0.6) on 128x192 and 256x128 only; other
-    # contiguous picks keep it off.
+    # Multicast was measured (v0.6: A; v0.35: B on 128x192) on 128x192 and
+    # 256x128 only; other contiguous picks keep it off.  B is shared only by
+    # 128x192 picks with experts of >= 256 rows on average and K <= 7168.
     seen = set()
     for g in (1, 2, 4, 8, 32, 256):
         for per in (128, 512, 2048, 8192):
-            for n, k in ((4096, 7168), (7168, 2048), (2112, 7168), (520, 1040), (256, 256)):
+            for n, k in ((4096, 7168), (7168, 2048), (2112, 7168), (520, 1040), (256, 256), (7168, 16384)):
                 cfg = select_config("contiguous", g * per, n, k, num_groups=g)
                 if cfg.num_multicast == 2:
                     assert (cfg.block_m, cfg.block_n) in cfgmod.MULTICAST_TILES, str(cfg)
-                    assert cfg.multicast_on_a
-                seen.add(cfg.num_multicast)
-    assert seen == {1, 2}
+                    share_b = ((cfg.block_m, cfg.block_n) in cfgmod.CONTIGUOUS_MULTICAST_B_TILES
+                               and per >= cfgmod.CONTIGUOUS_MULTICAST_B_MIN_EXPERT_ROWS
+                               and k <= cfgmod.CONTIGUOUS_MULTICAST_B_MAX_K)
+                    assert cfg.multicast_on_a is not share_b, str(cfg)
+                    seen.add((cfg.num_multicast, cfg.multicast_on_a))
+                else:
+                    seen.add((1, False))
+    assert seen == {(1, False), (2, True), (2, False)}
 
 
 @pytest.mark.parametrize("kind,g,m,n,k", [c for c in BENCHMARK_CASES if c[0] == "contiguous"])
-def test_contiguous_multicasts_a(kind, g, m, n, k):
+def test_contiguous_multicast_sides(kind, g, m, n, k):
     # v0.6 (git: 5170af9:benches/results/variants_v0.6/run_contig_mc.log): A multicast is
-    # 2.5-3.0 % faster at K = 2048 and 0.8-1.2 % at K = 7168 on these shapes.
+    # 2.5-3.0 % faster at K = 2048 and 0.8-1.2 % at K = 7168 on these shapes;
+    # v0.35 (sweep_v0.35_contig_mc.json): at K = 2048 the 128x192 picks share
+    # B instead, 0.8-1.6 % faster again.
     cfg = select_config(kind, m, n, k, num_groups=g)
-    assert (cfg.num_multicast, cfg.multicast_on_a) == (2, True), str(cfg)
+    assert (cfg.num_multicast, cfg.multicast_on_a) == (2, k != 2048), str(cfg)
     # ... and never below 512 rows of work or in one wave
     small = select_config(kind, 384, n, k, num_groups=3)
     assert small.num_multicast == 1, str(small)
@@ -563,13 +576,15 @@ _RESULTS = Path(__file__).resolve().parents[1] / "benches" / "experiments"
 #: variant_sweep.py --sweep-json, sweep_v0.28_mc_a.json); v0.34 (256x128 with
 #: and without A multicast at K = 1536-7168, M = 1024-8192, CUPTI:
 #: variant_sweep.py benches/experiments/v0.33/plan_mc_a_k1536.json
-#: --sweep-json, sweep_v0.34_mc_a.json).
+#: --sweep-json, sweep_v0.34_mc_a.json); v0.35 (contiguous 128x192 with A or B
+#: multicast, CUPTI: variant_sweep.py benches/experiments/v0.35/plan_contig_cfg*.json
+#: --sweep-json, sweep_v0.35_contig_mc.json).
 #: Each shape is judged by the newest sweep that has it.
 SWEEP_PATHS = (_RESULTS / "sweep_v0.3.json", _RESULTS / "sweep_v0.5_splitk.json",
                _RESULTS / "sweep_v0.6_multicast.json", _RESULTS / "sweep_v0.8_decode.json",
                _RESULTS / "sweep_v0.11_warpgroups.json", _RESULTS / "sweep_v0.11_grouped.json",
                _RESULTS / "sweep_v0.23_176.json", _RESULTS / "sweep_v0.28_mc_a.json",
-               _RESULTS / "sweep_v0.34_mc_a.json")
+               _RESULTS / "sweep_v0.34_mc_a.json", _RESULTS / "sweep_v0.35_contig_mc.json")
 SWEEP_PATH = SWEEP_PATHS[0]
 #: A pick may be this much slower than the shape's fastest measured config.
 #: Run-to-run noise is 2-3 %; the worst pick today is 4.4 % off

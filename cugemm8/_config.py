@@ -163,7 +163,9 @@ C_TILE + BM*BN/64 is the per-tile B-scale load, syncs and D staging
   Only the kinds in MULTICAST_KINDS consider it, for the tiles in
   MULTICAST_TILES, and the normal GEMM on B for the tiles in
   NORMAL_MULTICAST_B_TILES and on A for those in NORMAL_MULTICAST_A_TILES
-  from K = NORMAL_MULTICAST_A_MIN_K (1536) (see their comments).
+  from K = NORMAL_MULTICAST_A_MIN_K (1536) (see their comments); the
+  contiguous 128x192 picks share B instead of A with experts of at least 256
+  rows on average and K <= 7168 (CONTIGUOUS_MULTICAST_B_TILES).
 - The DRAM roof (unique bytes / HBM bandwidth) is the same for every
   candidate of a shape and so is left out of the ranking.
 

@@ -24,9 +24,10 @@
 // multiple of 128 rows (about half the boundaries: the heuristic charges it,
 // and with many small experts prefers BLOCK_M <= 128).
 //
-// Cluster tiles are rasterised in bands of kBandN cluster-columns: within a
-// band the index walks N fastest, so one wave of CTAs touches a few A row-panels
-// and at most kBandN B column-panels, which stay L2-resident (the CUTLASS /
+// Cluster tiles are rasterised in bands of kBandN cluster-columns (16
+// n-blocks: kBandN * kPairN): within a band the index walks N fastest, so one
+// wave of CTAs touches a few A row-panels and at most 16 B column-panels,
+// which stay L2-resident (the CUTLASS /
 // DeepGEMM "grouped rasterisation", deep_gemm/include/deep_gemm/scheduler.cuh).
 // With kRasterM (the 1D2D kernel sets it for tiles wider than tall, BLOCK_N >
 // BLOCK_M) the roles swap: bands of kBandM cluster-rows, walking M fastest.

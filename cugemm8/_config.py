@@ -154,7 +154,8 @@ C_TILE + BM*BN/64 is the per-tile B-scale load, syncs and D staging
   executed tiles); C_SPLIT (1500 cycles) is added per tile for the exchange
   of the FP32 partial tile (any value in [0, 5000] gives the same picks on
   the v0.5 sweep).
-- Multicast (on A for every kind, on B for ``normal``) costs MC_PENALTY (2%)
+- Multicast (on A for every kind, on B for ``normal``; the contiguous
+  128x192 picks switch to B, below) costs MC_PENALTY (2%)
   for the lock-step of the two CTAs, and is only considered when the
   multicast candidate has more than one wave and there are at least
   MULTICAST_MIN_ROWS (512) rows of work (m, m_sum, or num_groups *

@@ -114,8 +114,8 @@ def test_every_tile_exactly_once(m, n, bm, bn, grid, mc):
     mc, on_a = mc
     grid = max(mc, grid - grid % mc)
     for kind in ("normal", "contiguous"):
-        if kind == "contiguous" and mc == 2 and not on_a:
-            continue                                  # the contiguous layout multicasts A only
+        if kind == "contiguous" and mc == 2 and not on_a and bm != 128:
+            continue                                  # contiguous B multicast pairs 128-row blocks only
         passes = 2 if kind == "contiguous" and bm == 256 else 1
         seen = {}
         for cta, mb, nb, p, phantom in schedule(kind, m, n, bm, bn, grid, mc, on_a):
@@ -142,22 +142,26 @@ def _layout(draw_sizes, bad_block):
 @given(sizes=st.lists(st.sampled_from([0, 1, 100, 128, 129, 256, 300, 384, 640]), min_size=1, max_size=9),
        bm=st.sampled_from([64, 128, 256]), bn=st.sampled_from([64, 128, 192]), grid=st.integers(1, 50),
        tail=st.integers(0, 127), bad=st.one_of(st.none(), st.integers(0, 1000)),
-       multicast_a=st.booleans())
+       multicast=st.sampled_from(["none", "a", "b"]))
 @example(sizes=[128, 384, 0, 200, 256, 1, 129, 640], bm=256, bn=128, grid=7, tail=0, bad=None,
-         multicast_a=False)           # tests/test_grouped_gpu.py STRADDLING_SIZES
+         multicast="none")            # tests/test_grouped_gpu.py STRADDLING_SIZES
 @example(sizes=[128, 384, 0, 200, 256, 1, 129, 640], bm=256, bn=64, grid=8, tail=30, bad=3,
-         multicast_a=True)
+         multicast="a")
+@example(sizes=[128, 384, 0, 200, 256, 1, 129, 640], bm=128, bn=192, grid=8, tail=30, bad=3,
+         multicast="b")               # the 128x192 picks' B multicast (_config.CONTIGUOUS_MULTICAST_B_*)
 def test_contiguous_slabs_stored_once_with_their_blocks_expert(sizes, bm, bn, grid, tail, bad,
-                                                               multicast_a):
+                                                               multicast):
     idx = _layout(sizes, bad)
     if len(idx) == 0:
         return
     idx = idx[: len(idx) - min(tail, len(idx) - 1)]       # m_sum need not be a multiple of 128
     m, n, g = len(idx), 300, len(sizes)
     stored = {}
-    mc = 2 if multicast_a else 1                 # the contiguous layout multicasts A only
+    if multicast == "b" and bm != 128:
+        return                                   # contiguous B multicast pairs 128-row blocks only
+    mc = 1 if multicast == "none" else 2
     grid = max(mc, grid - grid % mc)
-    for cta, mb, nb, p, phantom in schedule("contiguous", m, n, bm, bn, grid, mc, multicast_a):
+    for cta, mb, nb, p, phantom in schedule("contiguous", m, n, bm, bn, grid, mc, multicast == "a"):
         b_group, skip, absent, stores = resolve(idx, mb, p, bm, g)
         if absent or phantom:
             continue

@@ -241,7 +241,8 @@ def figure_raster(mb=6, nb=40, ctas=8, band=16) -> None:
     nb2 = 39
     ncl = -(-nb2 // 2)
     clusters = ctas // 2
-    order = raster_order(mb, ncl, band)
+    band_cl = band // 2                     # scheduler.cuh: kBandN = 16 / kPairN cluster columns
+    order = raster_order(mb, ncl, band_cl)
     for ct, (mc, nc) in enumerate(order):
         for rank in (0, 1):
             n_block = 2 * nc + rank
@@ -253,7 +254,7 @@ def figure_raster(mb=6, nb=40, ctas=8, band=16) -> None:
                                    linestyle="--" if phantom else "-"))
             ax.text(n_block + 0.5, mb - 0.5 - mc, str(ct) if not phantom else f"{ct}\nph.", ha="center",
                     va="center", fontsize=5.5)
-    for x in range(0, 2 * ncl + 1, 2 * band):
+    for x in range(0, 2 * ncl + 1, 2 * band_cl):
         ax.plot([x, x], [0, mb], color="black", linewidth=1.6)
     ax.set_xlim(0, 2 * ncl)
     ax.set_ylim(0, mb)
@@ -262,8 +263,8 @@ def figure_raster(mb=6, nb=40, ctas=8, band=16) -> None:
     ax.set_xlabel("n-block", fontsize=8)
     ax.set_ylabel("m-block", fontsize=8)
     ax.set_title(f"{mb} x {nb2} n-blocks with multicast of A (clusters of 2 CTAs, {clusters} clusters): a cluster "
-                 f"tile is two adjacent n-blocks of one m-block (same number, rank 0 darker); bands of {band} "
-                 f"cluster columns;\nn-block {nb2} does not exist, so rank 1 of the last column runs a phantom "
+                 f"tile is two adjacent n-blocks of one m-block (same number, rank 0 darker); bands of {band_cl} "
+                 f"cluster columns ({band} n-blocks);\nn-block {nb2} does not exist, so rank 1 of the last column runs a phantom "
                  f"tile ('ph.'): it loads and computes in lock-step but stores nothing", fontsize=8.5)
     _save(fig, "raster.png")
 

@@ -62,7 +62,8 @@ __device__ __forceinline__ void tma_load_3d_hint(void* dst, const TmaDescriptor*
 // lrc__request_sectors_op_read_coalescing_achieved_type_hardware).  Measured
 // on the H200 at 4096x4096x7168, 256x128 with A multicast (benches/RESULTS.md
 // v0.35): with an evict-normal hint on every B load 560 request sectors were
-// merged and L2 served 35.6 M read sectors; without it 1.4 M and 34.3 M
+// merged and L2 served 35.6 M read sectors, 33.7 M without it (same device
+// call); in a later call, without it, 1.4 M merged and 34.3 M served
 // (with bands of 8 cluster columns, scheduler.cuh: 2.1 M and 32.6 M;
 // DeepGEMM, whose B loads carry no hint: 3.4 M and 31.3 M).
 __device__ __forceinline__ void tma_load_3d_hint_if(void* dst, const TmaDescriptor* desc, uint64_t* bar,

@@ -496,7 +496,11 @@ def test_contiguous_multicast_sides(kind, g, m, n, k):
     # v0.35 (sweep_v0.35_contig_mc.json): at K = 2048 the 128x192 picks share
     # B instead, 0.8-1.6 % faster again.
     cfg = select_config(kind, m, n, k, num_groups=g)
-    assert (cfg.num_multicast, cfg.multicast_on_a) == (2, k != 2048), str(cfg)
+    share_b = ((cfg.block_m, cfg.block_n) in cfgmod.CONTIGUOUS_MULTICAST_B_TILES
+               and k <= cfgmod.CONTIGUOUS_MULTICAST_B_MAX_K
+               and m >= cfgmod.CONTIGUOUS_MULTICAST_B_MIN_EXPERT_ROWS * g)
+    assert (cfg.num_multicast, cfg.multicast_on_a) == (2, not share_b), str(cfg)
+    assert share_b == (k == 2048), str(cfg)     # the benchmark's K = 2048 shapes pick 128x192
     # ... and never below 512 rows of work or in one wave
     small = select_config(kind, 384, n, k, num_groups=3)
     assert small.num_multicast == 1, str(small)

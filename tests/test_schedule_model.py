@@ -450,3 +450,36 @@ def test_split_k4_exchange_model_catches_mutants(mutant):
         except AssertionError:
             caught += 1
     assert caught > 0, f"the model misses the planted bug: {mutant}"
+
+
+def pass1_tile_exists(m_indices) -> bool:
+    """Whether any 256-row m-block's second 128-row block has another expert
+    than its first: the one check, over every m-block, that can stand for
+    the per-tile pass-1 scan (benches/RESULTS.md v0.35 next 2,
+    benches/experiments/v0.35/pass1_flag.patch; the branch-free form the
+    patch computes: indices clamped into the layout, the test masked)."""
+    m = len(m_indices)
+    any_ = False
+    for b in range(_cdiv(m, 256)):
+        row0 = b * 256
+        e0 = int(m_indices[min(row0, m - 1)])
+        e1 = int(m_indices[min(row0 + 128, m - 1)])
+        any_ |= row0 + 128 < m and e0 != e1
+    return any_
+
+
+@settings(max_examples=80, deadline=None)
+@given(sizes=st.lists(st.sampled_from([0, 1, 100, 128, 129, 256, 300, 384, 512, 640, 1024]), min_size=1,
+                      max_size=9),
+       tail=st.integers(0, 127), bad=st.one_of(st.none(), st.integers(0, 1000)))
+@example(sizes=[8192] * 4, tail=0, bad=None)          # the benchmark's layouts: no pass-1 tile
+@example(sizes=[384] * 16, tail=0, bad=None)          # a boundary at every odd multiple of 384
+def test_one_check_tells_whether_pass_1_has_any_tile(sizes, tail, bad):
+    """The flag is set exactly when some pass-1 tile is present (resolve), so
+    a schedule that ends after pass 0 when it is clear runs the same tiles."""
+    idx = _layout(sizes, bad)
+    if len(idx) == 0:
+        return
+    idx = idx[: len(idx) - min(tail, len(idx) - 1)]
+    present = any(not resolve(idx, b, 1, 256, len(sizes))[2] for b in range(_cdiv(len(idx), 256)))
+    assert pass1_tile_exists(idx) == present

@@ -1153,6 +1153,14 @@ def _executed_tiles(groups: int, mb: int, nb: int, mc: int, on_a: bool) -> int:
     return groups * 2 * _ceil_div(mb, 2) * nb
 
 
+def _pair_grid(groups: int, mb: int, nb: int, on_a: bool, num_sms: int) -> int | None:
+    """The grid of a 2-CTA multicast launch on side A (``on_a``) or B, or None
+    when its executed tiles fit in one wave (multicast only with more)."""
+    executed = _executed_tiles(groups, mb, nb, 2, on_a)
+    grid = min(num_sms - num_sms % 2, executed)
+    return grid if _ceil_div(executed, grid) > 1 else None
+
+
 # ---------------------------------------------------------------------------
 # Selection
 # ---------------------------------------------------------------------------
@@ -1352,14 +1360,12 @@ def _rank(kind, m, n, k, num_groups, num_sms, smem_limit, warp_mma=True):
                 score, work = _score(kind, bm, bn, st, mc, on_a, m_eff, n, k,
                                      groups, grid, num_experts=num_groups, splits=splits, wgs=wgs)
                 if (upgrade_a or upgrade_b) and mc == 1 and splits == 1:
-                    executed_mc = _executed_tiles(groups, mb, nb, 2, upgrade_a)
-                    grid_mc = min(num_sms - num_sms % 2, executed_mc)
-                    if _ceil_div(executed_mc, grid_mc) > 1:
+                    grid_mc = _pair_grid(groups, mb, nb, upgrade_a, num_sms)
+                    if grid_mc is not None:
                         mc, on_a, grid = 2, upgrade_a, grid_mc
                 if contiguous_b and mc == 2 and on_a:
-                    executed_b = _executed_tiles(groups, mb, nb, 2, False)
-                    grid_b = min(num_sms - num_sms % 2, executed_b)
-                    if _ceil_div(executed_b, grid_b) > 1:
+                    grid_b = _pair_grid(groups, mb, nb, False, num_sms)
+                    if grid_b is not None:
                         on_a, grid = False, grid_b
                 cfg = make_config(kind, bm, bn, st, k, num_multicast=mc,
                                   multicast_on_a=on_a, num_k_splits=splits, num_sms=grid,

@@ -29,6 +29,14 @@ GROUPED_CASES = [c for c in BENCHMARK_CASES if c[0] != "normal"]
 STR_RE = re.compile(r"^(64|128|256)x\d+ s\d+( w1)?( c2[AB]| k2| k4)? sms\d+$")
 
 
+def contiguous_shares_b(bm, bn, k, m_sum, g):
+    """Whether a contiguous pick of this tile shares B instead of A
+    (_config.CONTIGUOUS_MULTICAST_B_*, re-derived): 128x192, experts of at
+    least 256 rows on average, K <= 7168."""
+    return ((bm, bn) in cfgmod.CONTIGUOUS_MULTICAST_B_TILES and k <= cfgmod.CONTIGUOUS_MULTICAST_B_MAX_K
+            and m_sum >= cfgmod.CONTIGUOUS_MULTICAST_B_MIN_EXPERT_ROWS * g)
+
+
 def check_choice(cfg: GemmConfig, kind, g, m, n, k, num_sms=132, smem_limit=SMEM_LIMIT):
     """Every hard constraint, re-derived here independently of is_legal."""
     ok, why = is_legal(cfg, k=k, available_sms=num_sms, smem_limit=smem_limit)
@@ -76,9 +84,7 @@ def check_choice(cfg: GemmConfig, kind, g, m, n, k, num_sms=132, smem_limit=SMEM
         # B multicast: normal GEMMs, and contiguous 128x192 picks with experts
         # of 256 rows or more on average (CONTIGUOUS_MULTICAST_B_*)
         assert cfg.multicast_on_a or kind == "normal" or (
-            kind == "contiguous" and (bm, bn) in cfgmod.CONTIGUOUS_MULTICAST_B_TILES
-            and k <= cfgmod.CONTIGUOUS_MULTICAST_B_MAX_K
-            and max(m, 1) >= cfgmod.CONTIGUOUS_MULTICAST_B_MIN_EXPERT_ROWS * g)
+            kind == "contiguous" and contiguous_shares_b(bm, bn, k, max(m, 1), g))
     if splits == 2:
         # split K across a cluster of 2: one wave of CTA pairs, narrow tiles
         # (up to 96 for the one-warpgroup twin of a 128-row pick, 64 for the
@@ -479,9 +485,7 @@ def test_contiguous_multicast_only_on_measured_tiles():
                 cfg = select_config("contiguous", g * per, n, k, num_groups=g)
                 if cfg.num_multicast == 2:
                     assert (cfg.block_m, cfg.block_n) in cfgmod.MULTICAST_TILES, str(cfg)
-                    share_b = ((cfg.block_m, cfg.block_n) in cfgmod.CONTIGUOUS_MULTICAST_B_TILES
-                               and per >= cfgmod.CONTIGUOUS_MULTICAST_B_MIN_EXPERT_ROWS
-                               and k <= cfgmod.CONTIGUOUS_MULTICAST_B_MAX_K)
+                    share_b = contiguous_shares_b(cfg.block_m, cfg.block_n, k, g * per, g)
                     assert cfg.multicast_on_a is not share_b, str(cfg)
                     seen.add((cfg.num_multicast, cfg.multicast_on_a))
                 else:
@@ -496,9 +500,7 @@ def test_contiguous_multicast_sides(kind, g, m, n, k):
     # v0.35 (sweep_v0.35_contig_mc.json): at K = 2048 the 128x192 picks share
     # B instead, 0.8-1.6 % faster again.
     cfg = select_config(kind, m, n, k, num_groups=g)
-    share_b = ((cfg.block_m, cfg.block_n) in cfgmod.CONTIGUOUS_MULTICAST_B_TILES
-               and k <= cfgmod.CONTIGUOUS_MULTICAST_B_MAX_K
-               and m >= cfgmod.CONTIGUOUS_MULTICAST_B_MIN_EXPERT_ROWS * g)
+    share_b = contiguous_shares_b(cfg.block_m, cfg.block_n, k, m, g)
     assert (cfg.num_multicast, cfg.multicast_on_a) == (2, not share_b), str(cfg)
     assert share_b == (k == 2048), str(cfg)     # the benchmark's K = 2048 shapes pick 128x192
     # ... and never below 512 rows of work or in one wave

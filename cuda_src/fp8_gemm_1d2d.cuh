@@ -209,6 +209,21 @@ struct GemmTraits {
   // picks, even at 16-32 (one 64-wide non-pick 1.5 % slower); with two math
   // warpgroups of 64 rows each (BLOCK_M = 128) 3-6 % slower, so not there.
   static constexpr bool kPipelineMma = kNumMathWG == 1 && BLOCK_N <= 96;
+  // Both math warpgroups meet at a named barrier before each tile's K loop
+  // (as DeepGEMM's do after staging their B scales) from K = 7168 on.
+  // Unsynchronised, the two drift apart by up to the pipeline's depth and
+  // each cluster settles at its own rate: over a tile of 4096x7168x16384
+  // the clusters' tile times spread 0.86 us (standard deviation; DeepGEMM
+  // 0.60), so the CTAs reading one B tile drift apart and the L2 merges
+  // fewer of their reads (tools/perf/cluster_timeline.py).  Measured on the
+  // H200 (benches/RESULTS.md v0.36): -0.9 % (4096x7168x16384) and -1.6 %
+  // (2048x7168x16384) in CUPTI times, -1.1 % cycles in Nsight Compute, -0.7 %
+  // time and -2.9 % energy in sustained loops; -0.1 to -0.4 % at K = 7168; but
+  // +0.6 % at K = 2048, +1.1 % on contiguous 128x192 at K = 2048 and +2.1 %
+  // at K = 512, where the barrier takes away the overlap of one warpgroup's
+  // epilogue with the other's WGMMAs for a larger share of the tile.
+  static constexpr uint32_t kSyncMathWGMinKBlocks = 56;
+  static constexpr bool kSyncMathWGs = kNumMathWG == 2 && !kSplitK && kNumKBlocks >= kSyncMathWGMinKBlocks;
   static constexpr uint32_t kKLoopUnroll =
       (BLOCK_M * BLOCK_N >= 128 * 192 && num_former_variants<BLOCK_N>() <= 2) ? (BLOCK_M == 256 ? 8 : 4) : 2;
   static constexpr uint32_t kDCols = kSwizzleDBytes ? kSwizzleDBytes / 2 : BLOCK_N;  // columns per TMA store
@@ -644,6 +659,9 @@ fp8_gemm_1d2d_kernel(uint32_t shape_m, uint32_t a_box_rows, uint32_t flags, cons
         const uint32_t valid = T::kSFBTileRows == 3 ? constexpr_min(3u, T::kNumSFBRows - sfb_row0) * kNumKBlocks
                                : sfb_row0 + 1 < T::kNumSFBRows ? kCount : kNumKBlocks;
         warp_copy_f32<kCount>(warp_sfb, sfb_tile, valid, lane);
+        // kSyncMathWGs: both math warpgroups start the tile's K loop together
+        // (named barrier 1: split K's, a kernel that never syncs here).
+        if constexpr (T::kSyncMathWGs) named_barrier_sync(1, T::kNumMathThreads);
         // 8-column chunks before the next 128-row boundary of B use the first
         // scale row; the rest (if the tile straddles) the second.
         const uint32_t num_former_rt = 128 % BLOCK_N == 0 ? BLOCK_N / 8 : constexpr_min(BLOCK_N, 128 - n0 % 128) / 8;

@@ -205,6 +205,28 @@ def test_one_warpgroup_decode_kernels_overlap_k_blocks(report, sass_tools):
     assert checked >= 10, checked
 
 
+def test_math_warpgroups_meet_before_each_tile_only_from_k_7168(report, sass_tools):
+    """kSyncMathWGs: a kernel with two math warpgroups on their own rows
+    (not split K) and at least 56 K blocks has both warpgroups meet at named
+    barrier 1 (256 threads) before each tile's K loop; below 56 K blocks no
+    kernel without split K syncs there.  The barrier made the K >= 7168
+    prefill tiles 0.3-1.6 % faster and cost 0.6-2.1 % at K <= 2048
+    (benches/RESULTS.md v0.36), so the rule is part of the speed."""
+    seen = {True: 0, False: 0}
+    for body in re.split(r"\n\s*Function : ", report.sass)[1:]:
+        name = body.splitlines()[0].strip()
+        args = _KERNEL_ARGS.search(name)
+        assert args, name
+        k, splits, math_wgs = int(args.group(2)), int(args.group(11)), int(args.group(12))
+        if splits > 1 or math_wgs != 2 or int(args.group(3)) == 64:
+            continue
+        want = (k + 127) // 128 >= 56
+        has = "BAR.SYNC.DEFER_BLOCKING 0x1, 0x100" in body
+        assert has == want, f"{name}: tile-start barrier {has}, K = {k}"
+        seen[want] += 1
+    assert seen[True] >= 3 and seen[False] >= 3, seen
+
+
 def test_split_k_exchange_uses_cluster_scope(report):
     """The split-K exchange: st.async into the peer, cluster-scope acquire
     waits, and a release.cluster arrival after rank 0's reads of the partial

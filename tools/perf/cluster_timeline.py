@@ -36,6 +36,12 @@ last launch (the earlier ones warm up; L2 flushed before each):
 * ``start sd``: standard deviation over CTAs of the first K block's issue
   time of their w-th tile, median over w (µs): how far the persistent
   CTAs drift apart;
+* ``rate_sd``: the standard deviation over CTAs of each CTA's mean tile
+  time (µs), and ``rate_corr`` the correlation of a CTA's mean over its
+  first and second half of tiles (near 1: each CTA keeps its own rate);
+  ``by_cta`` / ``by_sm``: the correlation of the CTAs' rates between
+  consecutive launches (the warm-up excluded) matched by CTA index and by
+  ``%smid``: which of the two the rate follows;
 * ``pair``: median |issue time difference| between the two CTAs of a
   cluster for the same K block of their tiles (µs);
 * ``tile``: median time from a tile's first K block's issue to the next
@@ -73,7 +79,7 @@ sys.path.insert(2, str(_HERE))
 
 MAX_TILES = 16
 MAX_KB = 128           # K <= 16384
-SLOT = 2               # (globaltimer, clock64) per record; record 0 of a tile: (m << 32 | n, 1)
+SLOT = 2               # (globaltimer, clock64) per record; record 0 of a tile: (m << 32 | n, smid << 32 | 1)
 # Per tile: record 0 the header, 1 .. MAX_KB the producer's K blocks, then
 # the math warpgroups' (first threads: 0 and 128) records:
 MATH0 = MAX_KB + 1     # warpgroup 0's K loop done: (globaltimer, clock64)
@@ -106,7 +112,8 @@ def _header_code(addr: int, cta: str, tile: str, m: str, n: str) -> str:
         + f"    unsigned long long* probe_p = reinterpret_cast<unsigned long long*>({addr:#x}ull)"
         f" + (static_cast<unsigned long long>({cta}) * {MAX_TILES} + probe_t) * {RECORDS} * {SLOT};\n"
         f"    probe_p[0] = (static_cast<unsigned long long>({m}) << 32) | static_cast<unsigned>({n});\n"
-        "    probe_p[1] = 1ull;\n"
+        "    unsigned probe_sm; asm volatile(\"mov.u32 %0, %%smid;\" : \"=r\"(probe_sm));\n"
+        "    probe_p[1] = (static_cast<unsigned long long>(probe_sm) << 32) | 1ull;\n"
         "  }\n"
         "}\n")
 
@@ -213,7 +220,7 @@ def events(raw, num_kb: int):
     ctas, tiles = [], []
     for c in range(r.shape[0]):
         for t in range(MAX_TILES):
-            if r[c, t, 0, 1] != 1:
+            if int(r[c, t, 0, 1]) & 0xFFFFFFFF != 1:
                 break
             ctas.append(c)
             tiles.append(t)
@@ -258,6 +265,7 @@ def events(raw, num_kb: int):
         if x > cc[-1]:
             return float(tt[-1] + b * (x - cc[-1]))
         return float(np.interp(x, cc, tt))
+    sm_of = {int(q): int(r[q, 0, 0, 1]) >> 32 for q in np.unique(ctas_a)}
     math = {"cta": ctas_a, "tile": tiles_a, "wait0": [], "wait1": [], "end0": [], "end1": [], "epi0": []}
     for q, w in zip(ctas_a.tolist(), tiles_a.tolist()):
         rec = r[q, w]
@@ -271,7 +279,41 @@ def events(raw, num_kb: int):
         math["wait0"].append(b * float(rec[MATH1, 0]))
         math["wait1"].append(b * float(rec[MATH1, 1]))
     math = {k: np.asarray(v, np.float64) for k, v in math.items()}
-    return {"cta": cta, "tile": tile, "kb": kb, "m": m, "n": n, "t": t, "math": math, "ns_per_cycle": b}, step
+    return {"cta": cta, "tile": tile, "kb": kb, "m": m, "n": n, "t": t, "math": math, "ns_per_cycle": b,
+            "sm": sm_of}, step
+
+
+def cta_rates(ev: dict) -> dict:
+    """Each CTA's mean tile time (ns; first K block to the next tile's)."""
+    import numpy as np
+    first = ev["kb"] == 0
+    st = {(int(q), int(w)): float(x) for q, w, x in zip(ev["cta"][first], ev["tile"][first], ev["t"][first])}
+    per = {}
+    for (q, w), x in st.items():
+        if (q, w + 1) in st:
+            per.setdefault(q, []).append(st[(q, w + 1)] - x)
+    return {q: float(np.mean(v)) for q, v in per.items() if len(v) >= 2}
+
+
+def launch_correlations(evs: list) -> dict:
+    """Across consecutive launches: the correlation of the CTAs' rates
+    matched by CTA index and matched by SM (``%smid``).  A rate that follows
+    the SM and not the CTA index belongs to the hardware, not to the tiles
+    (the CTA -> SM placement changes between launches)."""
+    import numpy as np
+    by_cta, by_sm = [], []
+    for a, b in zip(evs, evs[1:]):
+        ra, rb = cta_rates(a), cta_rates(b)
+        common = sorted(set(ra) & set(rb))
+        if len(common) > 2:
+            by_cta.append(float(np.corrcoef([ra[q] for q in common], [rb[q] for q in common])[0, 1]))
+        sa = {a["sm"][q]: v for q, v in ra.items()}
+        sb = {b["sm"][q]: v for q, v in rb.items()}
+        common = sorted(set(sa) & set(sb))
+        if len(common) > 2:
+            by_sm.append(float(np.corrcoef([sa[q] for q in common], [sb[q] for q in common])[0, 1]))
+    return {"rate_corr_by_cta": float(np.mean(by_cta)) if by_cta else float("nan"),
+            "rate_corr_by_sm": float(np.mean(by_sm)) if by_sm else float("nan")}
 
 
 def _near_before(keys, t, windows):
@@ -321,6 +363,19 @@ def summarise(ev: dict, num_kb: int, multicast_a: bool) -> dict:
             sds.append(float(np.std(t[s])))
     out["start_sd"] = float(np.median(sds)) / 1e3 if sds else float("nan")
     out["start_sd_by_tile"] = [x / 1e3 for x in sds]
+    # each CTA's own rate: its mean tile time (first K block to the next
+    # tile's), spread over the CTAs, and whether a CTA keeps its rate (the
+    # correlation of its mean over its first and its second half of tiles)
+    st = {(int(q), int(w)): float(x) for q, w, x in zip(cta[first], tile[first], t[first])}
+    per_cta = {}
+    for (q, w), x in st.items():
+        if (q, w + 1) in st:
+            per_cta.setdefault(q, []).append((w, st[(q, w + 1)] - x))
+    means = [np.mean([d for _, d in v]) for v in per_cta.values() if len(v) >= 2]
+    out["rate_sd"] = float(np.std(means)) / 1e3 if len(means) > 2 else float("nan")
+    halves = [(np.mean([d for w, d in sorted(v)[:len(v) // 2]]), np.mean([d for w, d in sorted(v)[len(v) // 2:]]))
+              for v in per_cta.values() if len(v) >= 4]
+    out["rate_corr"] = float(np.corrcoef(np.array(halves).T)[0, 1]) if len(halves) > 2 else float("nan")
     # the two CTAs of a cluster (blockIdx.x ^ 1), same tile index and K block
     key = (cta // 2) * (MAX_TILES * RECORDS) + tile * RECORDS + kb
     order = np.lexsort((cta, key))
@@ -418,14 +473,18 @@ def main(argv=None) -> int:
     results, raws = [], {}
 
     def capture(run, label, shape, multicast_a):
+        evs = []
         for i in range(args.launches):
             buf.fill(0)
             flush()
             run()
-        cp.cuda.runtime.deviceSynchronize()
-        raw = cp.asnumpy(buf)
+            cp.cuda.runtime.deviceSynchronize()
+            raw = cp.asnumpy(buf)
+            evs.append(events(raw, shape[2] // 128)[0])
         ev, step = events(raw, shape[2] // 128)
         s = summarise(ev, shape[2] // 128, multicast_a)
+        corr = launch_correlations(evs[1:] if len(evs) > 2 else evs)
+        s.update(corr, by_cta=corr["rate_corr_by_cta"], by_sm=corr["rate_corr_by_sm"])
         s.update(lib=label, shape="x".join(map(str, shape)), gt_step_ns=step)
         raws[f"{label}_{s['shape']}_events"] = np.stack([ev[x].astype(np.float64) for x in ("cta", "tile", "m", "n", "kb", "t")])
         raws[f"{label}_{s['shape']}_raw"] = raw
@@ -455,7 +514,8 @@ def main(argv=None) -> int:
             dg_path.write_text(dg_saved)
 
     cols = ["span", "tile", "kb", "kb_p90", "switch", "B<200", "B<500", "B<1000", "B_nn",
-            "A<500", "start_sd", "pair", "wait0", "wait1", "tail", "epi", "wg_skew", "end_spread"]
+            "A<500", "start_sd", "rate_sd", "rate_corr", "by_cta", "by_sm", "pair", "wait0", "wait1", "tail", "epi", "wg_skew",
+            "end_spread"]
     print(f"{'shape':17s} {'lib':16s} " + " ".join(f"{c:>9s}" for c in cols) + "  (µs, fractions)")
     for s in results:
         print(f"{s['shape']:17s} {s['lib']:16s} " + " ".join(f"{s[c]:9.3f}" for c in cols)

@@ -283,16 +283,22 @@ def events(raw, num_kb: int):
             "sm": sm_of}, step
 
 
-def cta_rates(ev: dict) -> dict:
-    """Each CTA's mean tile time (ns; first K block to the next tile's)."""
-    import numpy as np
+def cta_tile_times(ev: dict) -> dict:
+    """Each CTA's tile times, in order: {cta: [ns, ...]} (a tile's first K
+    block's issue to the next tile's)."""
     first = ev["kb"] == 0
     st = {(int(q), int(w)): float(x) for q, w, x in zip(ev["cta"][first], ev["tile"][first], ev["t"][first])}
     per = {}
-    for (q, w), x in st.items():
+    for (q, w), x in sorted(st.items()):
         if (q, w + 1) in st:
             per.setdefault(q, []).append(st[(q, w + 1)] - x)
-    return {q: float(np.mean(v)) for q, v in per.items() if len(v) >= 2}
+    return per
+
+
+def cta_rates(ev: dict) -> dict:
+    """Each CTA's mean tile time (ns), for CTAs with at least two tiles timed."""
+    import numpy as np
+    return {q: float(np.mean(v)) for q, v in cta_tile_times(ev).items() if len(v) >= 2}
 
 
 def launch_correlations(evs: list) -> dict:
@@ -366,15 +372,9 @@ def summarise(ev: dict, num_kb: int, multicast_a: bool) -> dict:
     # each CTA's own rate: its mean tile time (first K block to the next
     # tile's), spread over the CTAs, and whether a CTA keeps its rate (the
     # correlation of its mean over its first and its second half of tiles)
-    st = {(int(q), int(w)): float(x) for q, w, x in zip(cta[first], tile[first], t[first])}
-    per_cta = {}
-    for (q, w), x in st.items():
-        if (q, w + 1) in st:
-            per_cta.setdefault(q, []).append((w, st[(q, w + 1)] - x))
-    means = [np.mean([d for _, d in v]) for v in per_cta.values() if len(v) >= 2]
+    means = list(cta_rates(ev).values())
     out["rate_sd"] = float(np.std(means)) / 1e3 if len(means) > 2 else float("nan")
-    halves = [(np.mean([d for w, d in sorted(v)[:len(v) // 2]]), np.mean([d for w, d in sorted(v)[len(v) // 2:]]))
-              for v in per_cta.values() if len(v) >= 4]
+    halves = [(np.mean(v[:len(v) // 2]), np.mean(v[len(v) // 2:])) for v in cta_tile_times(ev).values() if len(v) >= 4]
     out["rate_corr"] = float(np.corrcoef(np.array(halves).T)[0, 1]) if len(halves) > 2 else float("nan")
     # the two CTAs of a cluster (blockIdx.x ^ 1), same tile index and K block
     key = (cta // 2) * (MAX_TILES * RECORDS) + tile * RECORDS + kb

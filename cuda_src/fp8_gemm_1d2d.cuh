@@ -211,17 +211,18 @@ struct GemmTraits {
   static constexpr bool kPipelineMma = kNumMathWG == 1 && BLOCK_N <= 96;
   // Both math warpgroups meet at a named barrier before each tile's K loop
   // (as DeepGEMM's do after staging their B scales) from K = 7168 on.
-  // Unsynchronised, the two drift apart by up to the pipeline's depth and
-  // each cluster settles at its own rate: over a tile of 4096x7168x16384
-  // the clusters' tile times spread 0.86 us (standard deviation; DeepGEMM
-  // 0.60), so the CTAs reading one B tile drift apart and the L2 merges
-  // fewer of their reads (tools/perf/cluster_timeline.py).  Measured on the
-  // H200 (benches/RESULTS.md v0.36): -0.9 % (4096x7168x16384) and -1.6 %
+  // Unsynchronised, the two drift apart by up to the pipeline's depth.  At
+  // 4096x7168x16384 the CTAs reading one B tile drifted further apart than
+  // DeepGEMM's and the L2 merged fewer of their reads
+  // (tools/perf/cluster_timeline.py; with the barrier the merged request
+  // sectors rose from 4.6 to 8.7 M, DeepGEMM 10.9 M).  Measured on the H200
+  // (benches/RESULTS.md v0.36): -0.9 % (4096x7168x16384) and -1.6 %
   // (2048x7168x16384) in CUPTI times, -1.1 % cycles in Nsight Compute, -0.7 %
-  // time and -2.9 % energy in sustained loops; -0.1 to -0.4 % at K = 7168; but
-  // +0.6 % at K = 2048, +1.1 % on contiguous 128x192 at K = 2048 and +2.1 %
-  // at K = 512, where the barrier takes away the overlap of one warpgroup's
-  // epilogue with the other's WGMMAs for a larger share of the tile.
+  // time in sustained loops; -0.4 % to a tie at K = 7168; a tie at
+  // K = 3072-4096; but +0.6 % at K = 2048, +1.1 % on contiguous 128x192 at
+  // K = 2048 and +2.1 % at K = 512 (probably the lost overlap of one
+  // warpgroup's epilogue with the other's WGMMAs, a larger share of a short
+  // tile; not measured).
   static constexpr uint32_t kSyncMathWGMinKBlocks = 56;
   static constexpr bool kSyncMathWGs = kNumMathWG == 2 && !kSplitK && kNumKBlocks >= kSyncMathWGMinKBlocks;
   static constexpr uint32_t kKLoopUnroll =

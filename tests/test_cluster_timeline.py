@@ -105,5 +105,5 @@ def test_rates_that_follow_the_sm_correlate_by_sm_not_by_cta():
     placements = [list(np.random.default_rng(10 + i).permutation(8)) for i in range(3)]
     evs = [ct.events(_launch(p, rates, seed=i), NUM_KB)[0] for i, p in enumerate(placements)]
     c = ct.launch_correlations(evs)
-    assert c["rate_corr_by_sm"] > 0.99
-    assert c["rate_corr_by_cta"] < 0.5
+    assert c["by_sm"] > 0.99
+    assert c["by_cta"] < 0.5

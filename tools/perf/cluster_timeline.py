@@ -88,44 +88,31 @@ MATH2 = MAX_KB + 3     # clock64: (warpgroup 0's TMA store issued, warpgroup 1's
 RECORDS = MAX_KB + 4
 
 
-def _record_code(addr: int, cta: str, tile: str, kb: str) -> str:
-    """C++ statements storing one K block's (globaltimer, clock64)."""
-    return (
-        "{\n"
-        f"  const unsigned probe_t = {tile};\n"
-        "  if (probe_t < %du) {\n" % MAX_TILES
-        + f"    unsigned long long* probe_p = reinterpret_cast<unsigned long long*>({addr:#x}ull)"
-        f" + ((static_cast<unsigned long long>({cta}) * {MAX_TILES} + probe_t) * {RECORDS} + 1 + ({kb})) * {SLOT};\n"
-        "    unsigned long long probe_g, probe_c;\n"
-        "    asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(probe_g));\n"
-        "    asm volatile(\"mov.u64 %0, %%clock64;\" : \"=l\"(probe_c));\n"
-        "    probe_p[0] = probe_g; probe_p[1] = probe_c;\n"
-        "  }\n"
-        "}\n")
-
-
-def _header_code(addr: int, cta: str, tile: str, m: str, n: str) -> str:
-    return (
-        "{\n"
-        f"  const unsigned probe_t = {tile};\n"
-        "  if (probe_t < %du) {\n" % MAX_TILES
-        + f"    unsigned long long* probe_p = reinterpret_cast<unsigned long long*>({addr:#x}ull)"
-        f" + (static_cast<unsigned long long>({cta}) * {MAX_TILES} + probe_t) * {RECORDS} * {SLOT};\n"
-        f"    probe_p[0] = (static_cast<unsigned long long>({m}) << 32) | static_cast<unsigned>({n});\n"
-        "    unsigned probe_sm; asm volatile(\"mov.u32 %0, %%smid;\" : \"=r\"(probe_sm));\n"
-        "    probe_p[1] = (static_cast<unsigned long long>(probe_sm) << 32) | 1ull;\n"
-        "  }\n"
-        "}\n")
-
-
-def _math_slot(addr: int, tile: str, record: int, index: int, value: str) -> str:
-    return (f"if ({tile} < {MAX_TILES}u) reinterpret_cast<unsigned long long*>({addr:#x}ull)"
-            f"[((static_cast<unsigned long long>(blockIdx.x) * {MAX_TILES} + {tile}) * {RECORDS} + {record}) * {SLOT} + {index}]"
-            f" = {value};\n")
-
-
 _CLK = "[] { unsigned long long c; asm volatile(\"mov.u64 %0, %%clock64;\" : \"=l\"(c)); return c; }()"
 _GT = "[] { unsigned long long c; asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(c)); return c; }()"
+_SMID = "[] { unsigned s; asm volatile(\"mov.u32 %0, %%smid;\" : \"=r\"(s)); return s; }()"
+
+
+def _slot(addr: int, tile: str, record: str, index: int, value: str) -> str:
+    """C++ statement storing `value` into word `index` of record `record` of
+    this CTA's tile `tile` (dropped past MAX_TILES tiles)."""
+    return (f"if (({tile}) < {MAX_TILES}u) reinterpret_cast<unsigned long long*>({addr:#x}ull)"
+            f"[((static_cast<unsigned long long>(blockIdx.x) * {MAX_TILES} + ({tile})) * {RECORDS} + ({record}))"
+            f" * {SLOT} + {index}] = {value};\n")
+
+
+def _record_code(addr: int, tile: str, kb: str) -> str:
+    """C++ statements storing one K block's (globaltimer, clock64)."""
+    return ("{\n  const unsigned long long probe_g = " + _GT + ", probe_c = " + _CLK + ";\n"
+            + "  " + _slot(addr, tile, f"1 + ({kb})", 0, "probe_g")
+            + "  " + _slot(addr, tile, f"1 + ({kb})", 1, "probe_c") + "}\n")
+
+
+def _header_code(addr: int, tile: str, m: str, n: str) -> str:
+    """C++ statements storing a tile's header: (m << 32 | n, smid << 32 | 1)."""
+    return ("{\n  " + _slot(addr, tile, "0", 0,
+                            f"(static_cast<unsigned long long>({m}) << 32) | static_cast<unsigned>({n})")
+            + "  " + _slot(addr, tile, "0", 1, f"(static_cast<unsigned long long>({_SMID}) << 32) | 1ull") + "}\n")
 
 
 def _math_tile_start() -> str:
@@ -136,17 +123,17 @@ def _math_loop_done(addr: int) -> str:
     t = "(probe_mtile - 1u)"
     return ("{\n  const unsigned long long probe_c = " + _CLK + ";\n"
             "  if (threadIdx.x == 0) {\n"
-            + "    " + _math_slot(addr, t, MATH0, 0, _GT)
-            + "    " + _math_slot(addr, t, MATH0, 1, "probe_c")
-            + "    " + _math_slot(addr, t, MATH1, 0, "probe_wait")
+            + "    " + _slot(addr, t, MATH0, 0, _GT)
+            + "    " + _slot(addr, t, MATH0, 1, "probe_c")
+            + "    " + _slot(addr, t, MATH1, 0, "probe_wait")
             + "  }\n  if (threadIdx.x == 128) {\n"
-            + "    " + _math_slot(addr, t, MATH1, 1, "probe_wait")
-            + "    " + _math_slot(addr, t, MATH2, 1, "probe_c")
+            + "    " + _slot(addr, t, MATH1, 1, "probe_wait")
+            + "    " + _slot(addr, t, MATH2, 1, "probe_c")
             + "  }\n}\n")
 
 
 def _math_epilogue_done(addr: int) -> str:
-    return "if (threadIdx.x == 0) { " + _math_slot(addr, "(probe_mtile - 1u)", MATH2, 0, _CLK).strip() + " }\n"
+    return "if (threadIdx.x == 0) { " + _slot(addr, "(probe_mtile - 1u)", MATH2, 0, _CLK).strip() + " }\n"
 
 
 def _timed_wait(wait: str) -> str:
@@ -162,8 +149,8 @@ def cugemm8_replacements(addr: int, math: bool = True) -> list:
     return [
         [k, loop, "      unsigned probe_tile = 0;\n" + loop],
         [k, arow, arow + "        ++probe_tile;\n"
-         + _header_code(addr, "blockIdx.x", "probe_tile - 1u", "tile.m_block", "tile.n_block")],
-        [k, acq, acq + _record_code(addr, "blockIdx.x", "probe_tile - 1u", "kb")],
+         + _header_code(addr, "probe_tile - 1u", "tile.m_block", "tile.n_block")],
+        [k, acq, acq + _record_code(addr, "probe_tile - 1u", "kb")],
     ] + ([] if not math else [
         [k, "    while (scheduler.next(tile)) {\n      int32_t b_group;\n      bool skip, absent;\n",
          "    unsigned probe_mtile = 0;\n    while (scheduler.next(tile)) {\n      int32_t b_group;\n      bool skip, absent;\n"],
@@ -188,8 +175,8 @@ def deepgemm_replacements(addr: int, math: bool = True) -> list:
     return [
         [loop, "            unsigned probe_tile = 0;\n" + loop],
         [valid, valid + "                ++probe_tile;\n"
-         + _header_code(addr, "blockIdx.x", "probe_tile - 1u", "m_block_idx", "n_block_idx")],
-        [wait, wait + _record_code(addr, "blockIdx.x", "probe_tile - 1u", "k_block_idx")],
+         + _header_code(addr, "probe_tile - 1u", "m_block_idx", "n_block_idx")],
+        [wait, wait + _record_code(addr, "probe_tile - 1u", "k_block_idx")],
     ] + ([] if not math else [
         ["        // Persistently schedule over blocks\n        while (scheduler.get_next_block(m_block_idx, n_block_idx)) {\n",
          "        unsigned probe_mtile = 0;\n        // Persistently schedule over blocks\n"
@@ -283,11 +270,16 @@ def events(raw, num_kb: int):
             "sm": sm_of}, step
 
 
+def _kb_times(ev: dict, kb: int) -> dict:
+    """{(cta, tile): issue time of K block `kb`} (ns)."""
+    sel = ev["kb"] == kb
+    return {(int(q), int(w)): float(x) for q, w, x in zip(ev["cta"][sel], ev["tile"][sel], ev["t"][sel])}
+
+
 def cta_tile_times(ev: dict) -> dict:
     """Each CTA's tile times, in order: {cta: [ns, ...]} (a tile's first K
     block's issue to the next tile's)."""
-    first = ev["kb"] == 0
-    st = {(int(q), int(w)): float(x) for q, w, x in zip(ev["cta"][first], ev["tile"][first], ev["t"][first])}
+    st = _kb_times(ev, 0)
     per = {}
     for (q, w), x in sorted(st.items()):
         if (q, w + 1) in st:
@@ -318,8 +310,8 @@ def launch_correlations(evs: list) -> dict:
         common = sorted(set(sa) & set(sb))
         if len(common) > 2:
             by_sm.append(float(np.corrcoef([sa[q] for q in common], [sb[q] for q in common])[0, 1]))
-    return {"rate_corr_by_cta": float(np.mean(by_cta)) if by_cta else float("nan"),
-            "rate_corr_by_sm": float(np.mean(by_sm)) if by_sm else float("nan")}
+    return {"by_cta": float(np.mean(by_cta)) if by_cta else float("nan"),
+            "by_sm": float(np.mean(by_sm)) if by_sm else float("nan")}
 
 
 def _near_before(keys, t, windows):
@@ -384,27 +376,27 @@ def summarise(ev: dict, num_kb: int, multicast_a: bool) -> dict:
     out["pair"] = float(np.median(np.abs(t2[1:] - t2[:-1])[pair])) / 1e3 if pair.any() else float("nan")
     # the math warpgroups, per tile (times from each CTA's clock64)
     mt = ev["math"]
-    start = {(int(q), int(w)): float(x) for q, w, x in zip(cta[first], tile[first], t[first])}
-    lastkb = {(int(q), int(w)): float(x) for q, w, x in zip(cta[kb == num_kb - 1], tile[kb == num_kb - 1],
-                                                             t[kb == num_kb - 1])}
+    start, lastkb = _kb_times(ev, 0), _kb_times(ev, num_kb - 1)
     keys = list(zip(mt["cta"].tolist(), mt["tile"].tolist()))
     st = np.array([start.get(k, np.nan) for k in keys])
     lk = np.array([lastkb.get(k, np.nan) for k in keys])
-    nxt = np.array([start.get((k[0], k[1] + 1), np.nan) for k in keys])
     loop = mt["end0"] - st
 
     def med(x):
         x = x[np.isfinite(x)]
         return float(np.median(x)) if x.size else float("nan")
-    out["tile"] = med(nxt - st) / 1e3
+    out["tile"] = med(np.array([d for v in cta_tile_times(ev).values() for d in v])) / 1e3
     out["wait0"] = med(mt["wait0"] / loop)
     out["wait1"] = med(mt["wait1"] / loop)
     out["tail"] = med(mt["end0"] - lk) / 1e3
     out["epi"] = med(mt["epi0"] - mt["end0"]) / 1e3
     out["wg_skew"] = med(mt["end1"] - mt["end0"]) / 1e3
-    ends = mt["epi0"][np.isfinite(mt["epi0"])]
-    out["end_spread"] = float(ends.max() - np.median([max(v for (q2, _), v in zip(keys, mt["epi0"]) if q2 == q)
-                                                       for q in set(k[0] for k in keys)])) / 1e3 if ends.size else float("nan")
+    last_store = {}   # each CTA's last tile's store issue
+    for (q, _), v in zip(keys, mt["epi0"]):
+        if np.isfinite(v):
+            last_store[q] = max(v, last_store.get(q, v))
+    ends = list(last_store.values())
+    out["end_spread"] = float(max(ends) - np.median(ends)) / 1e3 if ends else float("nan")
     return out
 
 
@@ -480,11 +472,10 @@ def main(argv=None) -> int:
             run()
             cp.cuda.runtime.deviceSynchronize()
             raw = cp.asnumpy(buf)
-            evs.append(events(raw, shape[2] // 128)[0])
-        ev, step = events(raw, shape[2] // 128)
+            evs.append(events(raw, shape[2] // 128))
+        ev, step = evs[-1]
         s = summarise(ev, shape[2] // 128, multicast_a)
-        corr = launch_correlations(evs[1:] if len(evs) > 2 else evs)
-        s.update(corr, by_cta=corr["rate_corr_by_cta"], by_sm=corr["rate_corr_by_sm"])
+        s.update(launch_correlations([e for e, _ in (evs[1:] if len(evs) > 2 else evs)]))
         s.update(lib=label, shape="x".join(map(str, shape)), gt_step_ns=step)
         raws[f"{label}_{s['shape']}_events"] = np.stack([ev[x].astype(np.float64) for x in ("cta", "tile", "m", "n", "kb", "t")])
         raws[f"{label}_{s['shape']}_raw"] = raw

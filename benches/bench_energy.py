@@ -12,13 +12,16 @@ than its cycle count at a fixed clock.  For each normal DeepSeek-V3 shape
 the libraries ``--rounds`` times (A B A B: drift and heating hit both), and
 reports per library the median over rounds of
 
-* µs per GEMM (CUDA events around the loop, divided by its length);
-* J per GEMM: NVML's total-energy counter (``nvmlDeviceGetTotalEnergyConsumption``,
-  millijoules, through ``cuda.bindings.nvml``; read after synchronising
-  before and after the loop), divided by the loop's length;
-* mean power (W) over the loop, TFLOPS, TFLOPS per watt (= 2 m n k per
-  joule / 1e12), and the SM clock (NVML, sampled every 20 ms while the loop
-  runs, median);
+* µs per GEMM (GPU time between CUDA events recorded inside the loop,
+  after its first 0.3 s, divided by the calls between them);
+* mean power (W): NVML's total-energy counter (``nvmlDeviceGetTotalEnergyConsumption``,
+  millijoules, through ``cuda.bindings.nvml``), polled while the loop runs,
+  between two of its updates at least ``--seconds`` apart, over the host
+  time between them (see ``sustained``: a window with arbitrary ends was
+  off by up to one counter step, about 100 ms of energy, at each end);
+* J per GEMM (mean power x µs per GEMM), TFLOPS, TFLOPS per watt
+  (= 2 m n k per joule / 1e12), and the SM clock (NVML, sampled every 20 ms
+  while the loop runs, median);
 * what held the clock down: NVML's clock-event reasons
   (``nvmlDeviceGetCurrentClocksEventReasons``, sampled with the clock) as
   the share of samples each reason was set in (``SWpow`` the software power
@@ -40,7 +43,10 @@ and joules, as issue 20 asks).  The variants launch through the prepared
 launch path of ``--configs``, the plain ``cugemm8`` row through the public
 call: to compare like with like, give the pick's config in ``--configs``
 too.
-Every library's output is checked against the float64 reference first.  A
+Every library's output is checked against the float64 reference first;
+only a variant its plan marks ``"unchecked": true`` (a probe whose results
+are knowingly wrong, e.g. the K loop without its WGMMAs) runs whatever its
+check says, labelled so in the JSON's status.  A
 device without NVML's energy counter (or without ``cuda.bindings.nvml``)
 gets times only.  DeepGEMM (``--deepgemm``) needs its tree on PYTHONPATH
 (``../shared/anchors/README.md``).  Reports; never asserts.
@@ -116,36 +122,151 @@ def reasons_text(shares: dict) -> str:
     return " ".join(f"{k} {v * 100:.0f}%" for k, v in shares.items() if v > 0) or "none"
 
 
-def sustained(cp, fn, seconds: float, nv: Nvml) -> dict:
-    """Run ``fn`` back to back for about ``seconds``: µs per call, J per call,
-    mean W and the median SM clock sampled while it runs."""
+# The sustained loop is issued in chunks of about CHUNK_S of GPU work, each
+# followed by an event, with LEAD_S of work in flight: the host stays free to
+# poll NVML while the GPU never runs dry.  (With 8 chunks of 2 ms in flight,
+# the first version ran dry about ten times a second, once per update of the
+# energy counter: some NVML call stalls the host for longer than that, and
+# the GPU idled 2-4 % of the loop; benches/RESULTS.md v0.37.)  WARM_S of the loop runs
+# before the window opens (the clock and the power controller settle, and the
+# window never starts on the first kernels).  EDGE_WAIT_S: how long past
+# ``seconds`` to wait for the energy counter's closing update before giving
+# no energy reading.  SAMPLE_S: clock / reason / temperature sampling period.
+CHUNK_S, LEAD_S, WARM_S, EDGE_WAIT_S, SAMPLE_S = 0.002, 0.1, 0.3, 1.0, 0.02
+
+
+class _Pump:
+    """Keeps ``fn`` running back to back on the GPU in chunks of ``chunk``
+    calls, each followed by a recorded event, with at most ``depth`` chunks
+    in flight; ``top_up`` is called between the host's NVML polls."""
+
+    def __init__(self, cp, fn, chunk: int, depth: int):
+        self.cp, self.fn, self.chunk, self.depth = cp, fn, chunk, depth
+        self.events: list = []     # one per chunk, in issue order
+        self.done = 0              # events[:done] are known complete
+        self.starved = 0           # top-ups that found nothing in flight (the GPU may have idled)
+
+    def top_up(self) -> None:
+        while self.done < len(self.events) and self.events[self.done].done:
+            self.done += 1
+        if self.events and self.done == len(self.events):
+            self.starved += 1
+        while len(self.events) - self.done < self.depth:
+            for _ in range(self.chunk):
+                self.fn()
+            ev = self.cp.cuda.Event()
+            ev.record()
+            self.events.append(ev)
+
+    def us_per_call(self, first: int, last: int) -> float:
+        """µs per call between the ends of chunks ``first`` and ``last`` (GPU time)."""
+        self.events[last].synchronize()
+        calls = (last - first) * self.chunk
+        return self.cp.cuda.get_elapsed_time(self.events[first], self.events[last]) * 1e3 / calls
+
+
+def sustained(cp, fn, seconds: float, nv: Nvml, *, clock=time.perf_counter) -> dict:
+    """Run ``fn`` back to back for about ``seconds`` (after WARM_S): µs per
+    call, J per call, mean W and the median SM clock sampled meanwhile.
+
+    The energy window opens and closes on updates of NVML's energy counter,
+    not at arbitrary times.  The counter advances in steps (about every
+    100 ms on recent NVIDIA GPUs, and on A100/H100 from a power sensor that
+    samples a quarter of the time: Yang, Adamek and Armour, "Accurate and
+    Convenient Energy Measurements for GPUs", SC24, arXiv:2312.02741; the
+    ML.ENERGY blog's "Thermally stable profiling" measured the same 100 ms),
+    so a window with arbitrary ends misses or gains up to one step at each
+    end: with 1 s loops, about +-10 % of the energy, which is what the
+    round-to-round spread of this bench's earlier readings was (655-755 W for
+    one kernel at a fixed time per GEMM, benches/RESULTS.md v0.37).  Here the
+    host polls the counter while the loop runs, opens the window at the first
+    change after WARM_S and closes it at the first change after ``seconds``;
+    the energy between two updates is that of the time between them (the
+    host times of the two changes, a constant sensor lag cancelling), while
+    the GPU runs ``fn`` throughout.  J per call = that mean power x the
+    loop's GPU time per call.  The unaligned reading over the same loop (the
+    counter read at the window's nominal start and end, as before) is kept
+    as ``watts_unaligned`` to show the difference.  A counter that does not
+    change within ``seconds`` + EDGE_WAIT_S gives no energy reading."""
     fn()
     cp.cuda.runtime.deviceSynchronize()
-    t0 = time.perf_counter()
+    # The chunks are sized on GPU time per call (host launch time is not
+    # what keeps the GPU busy).
+    t0, e0, e1 = clock(), cp.cuda.Event(), cp.cuda.Event()
+    e0.record()
     for _ in range(10):
         fn()
-    cp.cuda.runtime.deviceSynchronize()
-    per = max((time.perf_counter() - t0) / 10, 1e-6)
-    n = max(20, int(seconds / per))
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    cp.cuda.runtime.deviceSynchronize()
-    e0 = nv.energy_mj() if nv.handle else None
-    start.record()
-    for _ in range(n):
-        fn()
-    stop.record()
+    e1.record()
+    e1.synchronize()
+    per = cp.cuda.get_elapsed_time(e0, e1) / 1e3 / 10 or (clock() - t0) / 10
+    chunk = max(1, int(CHUNK_S / max(per, 1e-7)))
+    pump = _Pump(cp, fn, chunk, max(2, round(LEAD_S / (chunk * max(per, 1e-7)))))
     clocks, reasons, temps = [], [], []
-    while not stop.done:
-        if nv.handle:
-            clocks.append(nv.sm_mhz())
-            reasons.append(nv.reasons())
-            temps.append(nv.temperature())
-        time.sleep(0.02)
-    stop.synchronize()
-    e1 = nv.energy_mj() if nv.handle else None
-    ms = cp.cuda.get_elapsed_time(start, stop)
-    out = {"calls": n, "us": ms * 1e3 / n}
-    if e0 is not None:
+    t_start = clock()
+    while clock() - t_start < WARM_S:
+        pump.top_up()
+    first_chunk = len(pump.events)
+    t_open = clock()
+    pump.starved = 0                   # from here on, a dry queue would be inside the window
+    host_gap = nvml_call = 0.0         # the longest host pause between top-ups, and NVML energy read
+    out: dict = {}
+    if nv.handle:
+        e_nominal = prev = nv.energy_mj()
+        nominal_end = None             # (host time, counter) at the first poll after t_open + seconds
+        edges = []                     # (host time, counter, chunks issued) at each observed change
+        next_sample = last_top_up = t_open
+        while True:
+            t_top = clock()
+            host_gap = max(host_gap, t_top - last_top_up)
+            pump.top_up()
+            last_top_up = clock()
+            e = nv.energy_mj()
+            now = clock()
+            nvml_call = max(nvml_call, now - last_top_up)
+            if nominal_end is None and now - t_open >= seconds:
+                nominal_end = (now, e)
+            if e != prev:
+                edges.append((now, e, len(pump.events)))
+                prev = e
+                if len(edges) >= 2 and now - edges[0][0] >= seconds:
+                    break
+            if now >= next_sample:
+                clocks.append(nv.sm_mhz())
+                reasons.append(nv.reasons())
+                temps.append(nv.temperature())
+                next_sample = now + SAMPLE_S
+            # A counter that does not move: give up EDGE_WAIT_S after the
+            # window should have opened, or closed.
+            if now - (edges[0][0] + seconds if edges else t_open) > EDGE_WAIT_S:
+                break
+        if len(edges) >= 2 and edges[-1][0] - edges[0][0] >= seconds:
+            (ta, ea, ca), (tb, eb, cb) = edges[0], edges[-1]
+            first_chunk, last_chunk = ca, cb - 1
+            out["watts"] = (eb - ea) / 1e3 / (tb - ta)
+            out["window_s"] = tb - ta
+            gaps = [b[0] - a[0] for a, b in zip(edges, edges[1:])]
+            out["nvml_update_ms"] = statistics.median(gaps) * 1e3
+        else:
+            last_chunk = len(pump.events) - 1
+        if nominal_end is not None and nominal_end[1] > e_nominal:
+            out["watts_unaligned"] = (nominal_end[1] - e_nominal) / 1e3 / (nominal_end[0] - t_open)
+    else:
+        while clock() - t_open < seconds:
+            pump.top_up()
+        last_chunk = len(pump.events) - 1
+    last_chunk = max(last_chunk, first_chunk + 1)
+    while len(pump.events) <= last_chunk:      # a window shorter than two chunks
+        pump.top_up()
+    out["us"] = pump.us_per_call(first_chunk, last_chunk)
+    out["calls"] = (last_chunk - first_chunk) * pump.chunk
+    out["starved"] = pump.starved
+    out["host_gap_max_ms"] = host_gap * 1e3
+    out["nvml_energy_call_max_ms"] = nvml_call * 1e3
+    out["lead_ms"] = pump.depth * pump.chunk * per * 1e3
+    cp.cuda.runtime.deviceSynchronize()
+    if "watts" in out:
+        out["j"] = out["watts"] * out["us"] * 1e-6
+    if nv.handle:
         out["mhz"] = statistics.median(clocks) if clocks else None
         bits = [r for r in reasons if r is not None]
         if bits:
@@ -153,9 +274,6 @@ def sustained(cp, fn, seconds: float, nv: Nvml) -> dict:
         t = [x for x in temps if x is not None]
         if t:
             out["temp_c"] = statistics.median(t)
-        if e1 > e0:                    # a counter that did not tick gives no reading, not 0 J
-            joules = (e1 - e0) / 1e3
-            out.update(j=joules / n, watts=joules / (ms / 1e3))
     return out
 
 
@@ -203,21 +321,22 @@ def main(argv=None) -> int:
             out = poisoned_out(shape, ops, cp)
             libs, status = {}, {}
 
-            def add(name, key, fn, got, ref=ref):
+            def add(name, key, fn, got, ref=ref, unchecked=False):
                 """Run ``fn`` once, check ``got()`` against the reference,
-                and keep ``fn`` as library ``name`` if right (``status[key]``)."""
+                and keep ``fn`` as library ``name`` if right, or if it is an
+                ``unchecked`` probe variant (``status[key]``)."""
                 fn()
                 cp.cuda.runtime.deviceSynchronize()
                 d = calc_diff(got(), ref, cp)
-                status[key] = "ok" if d < CHECK_LIMIT else f"FAIL {d:.1e}"
-                if d < CHECK_LIMIT:
+                status[key] = "ok" if d < CHECK_LIMIT else f"{'unchecked' if unchecked else 'FAIL'} {d:.1e}"
+                if d < CHECK_LIMIT or unchecked:
                     libs[name] = fn
 
             def ours(out=out, ops=ops, sfa=sfa):
                 cugemm8.gemm_fp8_fp8_bf16_nt((ops["a"], sfa), (ops["b"], ops["sfb"]), out)
             add("cugemm8", "cugemm8", ours, lambda: bf16_to_f64(out, cp))
             pick = cugemm8.get_gemm_config("normal", m, n, k)
-            for vname, ctx in [("", None)] + variants:
+            for vname, ctx, unchecked in [("", None, False)] + variants:
                 with (ctx() if ctx else contextlib.nullcontext()):
                     for text in ([None] if ctx else []) + texts:
                         cfg = pick if text is None else sweep_configs.parse_config(text, shape,
@@ -231,7 +350,7 @@ def main(argv=None) -> int:
                         o = poisoned_out(shape, ops, cp)
                         launch = G._prepare_launch(cfg, "normal", n, k, 1, m, m, ops["a"], sfa, ops["b"],
                                                    ops["sfb"], o, None, 1)
-                        add(f"cugemm8 {label}", label, launch, lambda o=o: bf16_to_f64(o, cp))
+                        add(f"cugemm8 {label}", label, launch, lambda o=o: bf16_to_f64(o, cp), unchecked=unchecked)
             if dg is not None:
                 try:
                     run = dg.gemm_nt(ops["a"], sfa, ops["b"], ops["sfb"])
@@ -274,6 +393,11 @@ def main(argv=None) -> int:
         if x:
             print(f"geomean DeepGEMM / cugemm8 {label}: {common.geomean(x):.3f} over {len(x)} "
                   f"(min {min(x):.3f}; > 1: cugemm8 {'faster' if key == 'us' else 'spends less'})")
+    spread, update_ms = power_spread(records), spread_update_ms(records)
+    if spread:
+        print("power spread over rounds (max / min - 1, median over the entries): "
+              + ", ".join(f"{k} {v * 100:.1f} %" for k, v in spread.items())
+              + (f"; NVML energy counter updated every {update_ms:.0f} ms (median)" if update_ms else ""))
     if args.json:
         Path(args.json).write_text(json.dumps({"seconds": args.seconds, "rounds": args.rounds,
                                                "nvml": nv.reason or "ok",
@@ -283,10 +407,11 @@ def main(argv=None) -> int:
 
 
 def _variant_trees(text: str) -> list:
-    """[(name, context factory)] for 'PLAN.json:NAME,...': each variant's
-    ``cuda_src/`` copy (tools/perf/variant_sweep.py's make_tree, in a
-    temporary directory kept for the process) and the context that points
-    the JIT at it while launches are prepared."""
+    """[(name, context factory, unchecked)] for 'PLAN.json:NAME,...': each
+    variant's ``cuda_src/`` copy (tools/perf/variant_sweep.py's make_tree, in
+    a temporary directory kept for the process), the context that points the
+    JIT at it while launches are prepared, and whether its plan marks it
+    ``unchecked``."""
     out = []
     if not text.strip():
         return out
@@ -302,12 +427,32 @@ def _variant_trees(text: str) -> list:
         plan, _, name = item.rpartition(":")
         if not plan or not name:
             raise SystemExit(f"--variants: want PLAN.json:NAME, got {item!r}")
-        if any(name == n for n, _ in out):
+        if any(name == n for n, _, _ in out):
             raise SystemExit(f"--variants: the name {name!r} is given twice (the table labels rows by name)")
         spec = json.loads(Path(plan).read_text())["variants"][name]
         tree = make_tree(_jit.cuda_src_dir(), spec, root / f"{i}_{name}")
-        out.append((name, lambda tree=tree, spec=spec: variant(tree, spec)))
+        out.append((name, lambda tree=tree, spec=spec: variant(tree, spec), bool(spec.get("unchecked", False))))
     return out
+
+
+def power_spread(records: list) -> dict:
+    """{'aligned': x, 'unaligned': y}: for each library entry of each shape
+    with two or more rounds, max / min - 1 of its rounds' mean power, then
+    the median over entries.  The same loop is measured both ways, so the
+    two figures compare the estimators (their noise), not the kernels."""
+    out = {}
+    for label, key in (("aligned", "watts"), ("unaligned", "watts_unaligned")):
+        xs = [max(w) / min(w) - 1 for r in records for rs in r["runs"].values()
+              for w in [[x[key] for x in rs if x.get(key)]] if len(w) >= 2]
+        if xs:
+            out[label] = statistics.median(xs)
+    return out
+
+
+def spread_update_ms(records: list) -> float | None:
+    """The median over all rounds of the energy counter's median update interval (ms)."""
+    xs = [x["nvml_update_ms"] for r in records for rs in r["runs"].values() for x in rs if "nvml_update_ms" in x]
+    return statistics.median(xs) if xs else None
 
 
 def _positive_int(text: str) -> int:

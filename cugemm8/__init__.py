@@ -31,7 +31,7 @@ from .quant import per_token_cast_to_fp8_t
 from . import interop
 from . import reference
 
-__version__ = "0.36.0"
+__version__ = "0.37.0"
 
 __all__ = [
     "DeviceError", "Gemm1d1dConfig", "GemmConfig", "cast_transpose_block_fp8", "fp8_gemm_nt", "gemm_fp8", "gemm_fp8_fp8_bf16_nt",

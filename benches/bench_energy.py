@@ -146,10 +146,14 @@ class _Pump:
         self.done = 0              # events[:done] are known complete
         self.starved = 0           # top-ups that found nothing in flight (the GPU may have idled)
 
-    def top_up(self) -> None:
+    def completed(self) -> int:
+        """How many chunks are complete now (events[:n])."""
         while self.done < len(self.events) and self.events[self.done].done:
             self.done += 1
-        if self.events and self.done == len(self.events):
+        return self.done
+
+    def top_up(self) -> None:
+        if self.events and self.completed() == len(self.events):
             self.starved += 1
         while len(self.events) - self.done < self.depth:
             for _ in range(self.chunk):
@@ -176,18 +180,22 @@ def sustained(cp, fn, seconds: float, nv: Nvml, *, clock=time.perf_counter) -> d
     Convenient Energy Measurements for GPUs", SC24, arXiv:2312.02741; the
     ML.ENERGY blog's "Thermally stable profiling" measured the same 100 ms),
     so a window with arbitrary ends misses or gains up to one step at each
-    end: with 1 s loops, about +-10 % of the energy, which is what the
-    round-to-round spread of this bench's earlier readings was (655-755 W for
-    one kernel at a fixed time per GEMM, benches/RESULTS.md v0.37).  Here the
-    host polls the counter while the loop runs, opens the window at the first
-    change after WARM_S and closes it at the first change after ``seconds``;
-    the energy between two updates is that of the time between them (the
-    host times of the two changes, a constant sensor lag cancelling), while
-    the GPU runs ``fn`` throughout.  J per call = that mean power x the
-    loop's GPU time per call.  The unaligned reading over the same loop (the
-    counter read at the window's nominal start and end, as before) is kept
-    as ``watts_unaligned`` to show the difference.  A counter that does not
-    change within ``seconds`` + EDGE_WAIT_S gives no energy reading."""
+    end: with 1 s loops, up to about 10 % of the energy.  This bench's
+    earlier loops (n calls from an idle, synchronised GPU) read one kernel
+    anywhere in a band up to 11 % wide from round to round at a steady time
+    per GEMM (benches/RESULTS.md v0.37; most of that went with the
+    continuous loop, the rest with the alignment).  Here the GPU runs
+    ``fn`` throughout; the host polls the counter meanwhile, opens the
+    window at the first change after WARM_S and closes it at the first
+    change at least ``seconds`` later; the energy between two updates is
+    that of the time between them (the host times of the two changes, a
+    constant sensor lag cancelling).  µs per call is measured over the
+    chunks that completed between the same two changes, and J per call =
+    that mean power x µs per call.  The unaligned reading over the same loop
+    (the counter read at the window's nominal start and end) is kept as
+    ``watts_unaligned`` to show the difference.  A counter that does not
+    change gives no energy reading; the loop still runs ``seconds`` (plus
+    EDGE_WAIT_S waiting for it) and is timed."""
     fn()
     cp.cuda.runtime.deviceSynchronize()
     # The chunks are sized on GPU time per call (host launch time is not
@@ -213,7 +221,7 @@ def sustained(cp, fn, seconds: float, nv: Nvml, *, clock=time.perf_counter) -> d
     if nv.handle:
         e_nominal = prev = nv.energy_mj()
         nominal_end = None             # (host time, counter) at the first poll after t_open + seconds
-        edges = []                     # (host time, counter, chunks issued) at each observed change
+        edges = []                     # (host time, counter, chunks complete) at each observed change
         next_sample = last_top_up = t_open
         while True:
             t_top = clock()
@@ -226,7 +234,7 @@ def sustained(cp, fn, seconds: float, nv: Nvml, *, clock=time.perf_counter) -> d
             if nominal_end is None and now - t_open >= seconds:
                 nominal_end = (now, e)
             if e != prev:
-                edges.append((now, e, len(pump.events)))
+                edges.append((now, e, pump.completed()))
                 prev = e
                 if len(edges) >= 2 and now - edges[0][0] >= seconds:
                     break
@@ -237,11 +245,12 @@ def sustained(cp, fn, seconds: float, nv: Nvml, *, clock=time.perf_counter) -> d
                 next_sample = now + SAMPLE_S
             # A counter that does not move: give up EDGE_WAIT_S after the
             # window should have opened, or closed.
-            if now - (edges[0][0] + seconds if edges else t_open) > EDGE_WAIT_S:
+            if now - (edges[0][0] if edges else t_open) - seconds > EDGE_WAIT_S:
                 break
         if len(edges) >= 2 and edges[-1][0] - edges[0][0] >= seconds:
             (ta, ea, ca), (tb, eb, cb) = edges[0], edges[-1]
-            first_chunk, last_chunk = ca, cb - 1
+            # the chunks complete at each change: events[ca - 1] .. events[cb - 1]
+            first_chunk, last_chunk = max(ca - 1, 0), cb - 1
             out["watts"] = (eb - ea) / 1e3 / (tb - ta)
             out["window_s"] = tb - ta
             gaps = [b[0] - a[0] for a, b in zip(edges, edges[1:])]
@@ -262,7 +271,7 @@ def sustained(cp, fn, seconds: float, nv: Nvml, *, clock=time.perf_counter) -> d
     out["starved"] = pump.starved
     out["host_gap_max_ms"] = host_gap * 1e3
     out["nvml_energy_call_max_ms"] = nvml_call * 1e3
-    out["lead_ms"] = pump.depth * pump.chunk * per * 1e3
+    out["lead_ms"] = pump.depth * pump.chunk * per * 1e3   # nominal: from the first 10 calls' GPU time
     cp.cuda.runtime.deviceSynchronize()
     if "watts" in out:
         out["j"] = out["watts"] * out["us"] * 1e-6
@@ -319,7 +328,7 @@ def main(argv=None) -> int:
             ref, _ = reference(ops, shape, cp)
             sfa = cugemm8.get_col_major_tma_aligned_tensor(ops["sfa"])
             out = poisoned_out(shape, ops, cp)
-            libs, status = {}, {}
+            libs, status, probes = {}, {}, set()   # probes: the unchecked variants' library names
 
             def add(name, key, fn, got, ref=ref, unchecked=False):
                 """Run ``fn`` once, check ``got()`` against the reference,
@@ -331,6 +340,8 @@ def main(argv=None) -> int:
                 status[key] = "ok" if d < CHECK_LIMIT else f"{'unchecked' if unchecked else 'FAIL'} {d:.1e}"
                 if d < CHECK_LIMIT or unchecked:
                     libs[name] = fn
+                    if unchecked:
+                        probes.add(name)
 
             def ours(out=out, ops=ops, sfa=sfa):
                 cugemm8.gemm_fp8_fp8_bf16_nt((ops["a"], sfa), (ops["b"], ops["sfb"]), out)
@@ -371,7 +382,7 @@ def main(argv=None) -> int:
                     med[name]["reasons"] = {key: statistics.mean(r["reasons"][key] for r in rs)
                                             for key, _ in REASONS}
             records.append({"m": m, "n": n, "k": k, "config": str(cugemm8.get_gemm_config("normal", m, n, k)),
-                            "status": status, "median": med, "runs": runs})
+                            "status": status, "probes": sorted(probes), "median": med, "runs": runs})
             for name, r in med.items():
                 tf = flops / r["us"] / 1e6
                 rows.append((f"{m}x{n}x{k}", name if name != "cugemm8" else f"cugemm8 ({records[-1]['config']})",
@@ -382,7 +393,7 @@ def main(argv=None) -> int:
                              f"{r['mhz']:.0f}" if r.get("mhz") else "-",
                              reasons_text(r["reasons"]) if "reasons" in r else "-",
                              f"{r['temp_c']:.0f}" if "temp_c" in r else "-",
-                             _ratio(med, name, "us"), _ratio(med, name, "j")))
+                             *(("", "") if name in probes else (_ratio(med, name, "us"), _ratio(med, name, "j")))))
             common.release_memory()
     print_table(f"sustained loops of {args.seconds:g} s, {args.rounds} alternating rounds (medians)",
                 ("shape", "library", "µs", "TFLOPS", "mJ / GEMM", "W", "TFLOPS / W", "SM MHz",
@@ -439,10 +450,14 @@ def power_spread(records: list) -> dict:
     """{'aligned': x, 'unaligned': y}: for each library entry of each shape
     with two or more rounds, max / min - 1 of its rounds' mean power, then
     the median over entries.  The same loop is measured both ways, so the
-    two figures compare the estimators (their noise), not the kernels."""
+    two figures compare the estimators, not the kernels; and since a
+    power-capped kernel's true mean power hardly moves between rounds, they
+    measure the estimators' noise.  Unchecked probe variants (``probes``),
+    which need not be power-capped, are left out."""
     out = {}
     for label, key in (("aligned", "watts"), ("unaligned", "watts_unaligned")):
-        xs = [max(w) / min(w) - 1 for r in records for rs in r["runs"].values()
+        xs = [max(w) / min(w) - 1 for r in records for name, rs in r["runs"].items()
+              if name not in r.get("probes", ())
               for w in [[x[key] for x in rs if x.get(key)]] if len(w) >= 2]
         if xs:
             out[label] = statistics.median(xs)

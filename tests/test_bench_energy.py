@@ -204,3 +204,73 @@ def test_chunks_are_sized_on_gpu_time_and_keep_lead_s_in_flight(monkeypatch):
     out = bench_energy.sustained(gpu, gpu.fn, 0.1, types.SimpleNamespace(handle=None), clock=clock)
     assert out["lead_ms"] == pytest.approx(100.0)
     assert out["calls"] % 20 == 0 and out["us"] == pytest.approx(100.0)
+
+
+class TimedGpu:
+    """A fake GPU on the host's clock: a call launched at host time t runs
+    from max(t, the previous call's end) for ``us`` µs; an event completes
+    when the calls before it have.  Unlike FakeGpu its queue can run dry."""
+
+    def __init__(self, clock, us: float):
+        self.clock, self.us, self.end = clock, us, 0.0
+        gpu = self
+
+        class Event:
+            def record(self):
+                self.t = gpu.end
+
+            @property
+            def done(self):
+                return gpu.clock.t >= self.t
+
+            def synchronize(self):
+                gpu.clock.t = max(gpu.clock.t, self.t)
+
+        def sync():
+            clock.t = max(clock.t, gpu.end)
+
+        self.cuda = types.SimpleNamespace(Event=Event, runtime=types.SimpleNamespace(deviceSynchronize=sync),
+                                          get_elapsed_time=lambda a, b: (b.t - a.t) * 1e3)
+
+    def fn(self):
+        self.end = max(self.end, self.clock.t) + self.us * 1e-6
+
+
+class StallingCounter(SteppedCounter):
+    """A stepped counter whose read stalls the host ``stall`` s when an
+    update has happened since the last read (NVML's energy read took 16-31
+    ms on the H200, benches/RESULTS.md v0.37)."""
+
+    def __init__(self, clock, stall: float, **kw):
+        super().__init__(clock, **kw)
+        self.stall, self.last = stall, None
+
+    def energy_mj(self):
+        e = super().energy_mj()
+        if self.last is not None and e != self.last:
+            self.clock.t += self.stall
+            e = super().energy_mj()
+        self.last = e
+        return e
+
+
+@pytest.mark.parametrize("lead_s, dry", [(0.016, True), (0.1, False)])
+def test_a_short_lead_runs_dry_behind_nvml_stalls_and_inflates_the_time(monkeypatch, lead_s, dry):
+    """With 16 ms in flight a 25 ms stall at each counter update idles the
+    GPU, and the idle time lands in µs per call; with 100 ms it never runs
+    dry, µs per call is the kernel's, and the timed chunks span the energy
+    window (they completed between its two counter updates)."""
+    monkeypatch.setattr(bench_energy, "CHUNK_S", 0.002)
+    monkeypatch.setattr(bench_energy, "LEAD_S", lead_s)
+    clock = Clock(step=1e-4)
+    gpu = TimedGpu(clock, us=100.0)
+    nv = StallingCounter(clock, stall=0.025, watts=700.0, period=0.1)
+    out = bench_energy.sustained(gpu, gpu.fn, 0.5, nv, clock=clock)
+    assert (out["starved"] > 0) == dry, out
+    if dry:
+        assert out["us"] > 105.0, out
+    else:
+        assert out["us"] == pytest.approx(100.0), out
+        assert out["calls"] * 100e-6 == pytest.approx(out["window_s"], abs=0.03), out
+        assert out["watts"] == pytest.approx(700.0, rel=0.02), out
+    assert out["nvml_energy_call_max_ms"] >= 25.0

@@ -53,3 +53,5 @@ def test_probe_sass_is_the_tiles_tensor_work(compiled, sass_tools):
         promote = "Lj1E" in name
         # promote: one FMA per accumulator of each sub-tile (2 x 64), chain none in its loop
         assert (body.count("FFMA") >= 128) == promote, name
+        # chain: one wait, after its loop; promote: one per sub-tile, in its loop
+        assert body.count("WARPGROUP.DEPBAR") == (2 if promote else 1), name

@@ -393,7 +393,7 @@ def main(argv=None) -> int:
                              f"{r['mhz']:.0f}" if r.get("mhz") else "-",
                              reasons_text(r["reasons"]) if "reasons" in r else "-",
                              f"{r['temp_c']:.0f}" if "temp_c" in r else "-",
-                             *(("", "") if name in probes else (_ratio(med, name, "us"), _ratio(med, name, "j")))))
+                             _ratio(med, name, "us", probes), _ratio(med, name, "j", probes)))
             common.release_memory()
     print_table(f"sustained loops of {args.seconds:g} s, {args.rounds} alternating rounds (medians)",
                 ("shape", "library", "µs", "TFLOPS", "mJ / GEMM", "W", "TFLOPS / W", "SM MHz",
@@ -404,7 +404,7 @@ def main(argv=None) -> int:
         if x:
             print(f"geomean DeepGEMM / cugemm8 {label}: {common.geomean(x):.3f} over {len(x)} "
                   f"(min {min(x):.3f}; > 1: cugemm8 {'faster' if key == 'us' else 'spends less'})")
-    spread, update_ms = power_spread(records), spread_update_ms(records)
+    spread, update_ms = power_spread(records), counter_update_ms(records)
     if spread:
         print("power spread over rounds (max / min - 1, median over the entries): "
               + ", ".join(f"{k} {v * 100:.1f} %" for k, v in spread.items())
@@ -456,15 +456,18 @@ def power_spread(records: list) -> dict:
     which need not be power-capped, are left out."""
     out = {}
     for label, key in (("aligned", "watts"), ("unaligned", "watts_unaligned")):
-        xs = [max(w) / min(w) - 1 for r in records for name, rs in r["runs"].items()
-              if name not in r.get("probes", ())
-              for w in [[x[key] for x in rs if x.get(key)]] if len(w) >= 2]
+        xs = []
+        for r in records:
+            for name, rs in r["runs"].items():
+                w = [x[key] for x in rs if x.get(key)]
+                if name not in r.get("probes", ()) and len(w) >= 2:
+                    xs.append(max(w) / min(w) - 1)
         if xs:
             out[label] = statistics.median(xs)
     return out
 
 
-def spread_update_ms(records: list) -> float | None:
+def counter_update_ms(records: list) -> float | None:
     """The median over all rounds of the energy counter's median update interval (ms)."""
     xs = [x["nvml_update_ms"] for r in records for rs in r["runs"].values() for x in rs if "nvml_update_ms" in x]
     return statistics.median(xs) if xs else None
@@ -477,9 +480,11 @@ def _positive_int(text: str) -> int:
     return v
 
 
-def _ratio(med: dict, name: str, key: str) -> str:
-    """DeepGEMM's figure over this cugemm8 entry's (> 1: cugemm8 ahead)."""
-    if not name.startswith("cugemm8") or key not in med.get("deepgemm", {}) or key not in med[name]:
+def _ratio(med: dict, name: str, key: str, probes=()) -> str:
+    """DeepGEMM's figure over this cugemm8 entry's (> 1: cugemm8 ahead);
+    none for an unchecked probe variant (in ``probes``)."""
+    if (not name.startswith("cugemm8") or name in probes or key not in med.get("deepgemm", {})
+            or key not in med[name]):
         return ""
     return f"{med['deepgemm'][key] / med[name][key]:.3f}"
 

@@ -163,7 +163,7 @@ def test_power_spread_compares_the_two_estimators():
             "b": [{"watts": 700}]}      # one round: no spread
     spread = bench_energy.power_spread([{"runs": runs}])
     assert spread["aligned"] == pytest.approx(0.01) and spread["unaligned"] == pytest.approx(0.1)
-    assert bench_energy.spread_update_ms([{"runs": runs}]) == 100
+    assert bench_energy.counter_update_ms([{"runs": runs}]) == 100
 
 
 @pytest.mark.parametrize("value", [57, types.SimpleNamespace(temperature=57)])
